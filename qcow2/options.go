@@ -1,0 +1,156 @@
+package qcow2
+
+import (
+	"fmt"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// Options configure Open. The zero value opens read-write with QEMU's
+// defaults.
+type Options struct {
+	// ReadOnly opens the image and its data file read-only. Backing files
+	// are always opened read-only.
+	ReadOnly bool
+	// NoBacking leaves the backing file closed: unallocated clusters read
+	// as zeros (qemu-img's -U/--image-opts backing=null, used by
+	// info and by rebase -u).
+	NoBacking bool
+	// L2CacheSize is the L2 cache size in bytes. The default (0) covers the
+	// whole disk up to 32 MiB, as QEMU's does.
+	L2CacheSize int64
+	// RefcountCacheSize is the refcount block cache size in bytes. The
+	// default (0) is four clusters.
+	RefcountCacheSize int64
+	// OpenFile opens the image's own file, its data file and backing
+	// files. nil means block.OpenFile.
+	OpenFile func(name string, readOnly bool) (block.File, error)
+}
+
+func (o *Options) openFile(name string, readOnly bool) (block.File, error) {
+	if o.OpenFile != nil {
+		return o.OpenFile(name, readOnly)
+	}
+	f, err := block.OpenFile(name, readOnly)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Preallocation modes of CreateOptions.
+const (
+	PreallocOff      = "off"
+	PreallocMetadata = "metadata"
+	PreallocFalloc   = "falloc"
+	PreallocFull     = "full"
+)
+
+// CreateOptions are qemu-img create's -o options for qcow2.
+type CreateOptions struct {
+	// Size is the virtual size in bytes. With a backing file it defaults
+	// (when 0) to the backing file's size.
+	Size int64
+	// ClusterSize defaults to 65536.
+	ClusterSize int64
+	// Compat is "0.10" (v2) or "1.1" (v3, the default). "v2"/"v3" are
+	// accepted too.
+	Compat string
+	// Preallocation is off (the default), metadata, falloc or full.
+	Preallocation string
+	// LazyRefcounts sets the lazy refcounts compatible bit (v3 only).
+	LazyRefcounts bool
+	// RefcountBits defaults to 16.
+	RefcountBits int
+	// ExtendedL2 gives L2 entries subcluster bitmaps (v3, clusters of at
+	// least 16 KiB).
+	ExtendedL2 bool
+	// CompressionType is "zlib" (the default) or "zstd".
+	CompressionType string
+	// BackingFile is stored as given; relative names resolve against the
+	// new image's folder.
+	BackingFile string
+	// BackingFormat is stored in the backing format extension.
+	BackingFormat string
+	// DataFile names an external data file, created if missing.
+	DataFile string
+	// DataFileRaw sets data_file_raw.
+	DataFileRaw bool
+}
+
+func (o *CreateOptions) validate() error {
+	if o.ClusterSize == 0 {
+		o.ClusterSize = 65536
+	}
+	if o.Compat == "" || o.Compat == "v3" {
+		o.Compat = "1.1"
+	}
+	if o.Compat == "v2" {
+		o.Compat = "0.10"
+	}
+	if o.Preallocation == "" {
+		o.Preallocation = PreallocOff
+	}
+	if o.RefcountBits == 0 {
+		o.RefcountBits = 16
+	}
+	if o.CompressionType == "" {
+		o.CompressionType = "zlib"
+	}
+	cs := o.ClusterSize
+	if cs < 1<<MinClusterBits || cs > 1<<MaxClusterBits || cs&(cs-1) != 0 {
+		return fmt.Errorf("Cluster size must be a power of two between %d and %dk", 1<<MinClusterBits, (1<<MaxClusterBits)>>10)
+	}
+	if o.Compat != "0.10" && o.Compat != "1.1" {
+		return fmt.Errorf("Invalid parameter '%s'", o.Compat)
+	}
+	v2 := o.Compat == "0.10"
+	switch o.Preallocation {
+	case PreallocOff, PreallocMetadata, PreallocFalloc, PreallocFull:
+	default:
+		return fmt.Errorf("Invalid parameter '%s'", o.Preallocation)
+	}
+	rb := o.RefcountBits
+	if rb < 1 || rb > 64 || rb&(rb-1) != 0 {
+		return fmt.Errorf("Refcount width must be a power of two and may not exceed 64 bits")
+	}
+	if v2 && rb != 16 {
+		return fmt.Errorf("Different refcount widths than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)")
+	}
+	if v2 && o.LazyRefcounts {
+		return fmt.Errorf("Lazy refcounts only supported with compatibility level 1.1 and above (use compat=1.1 or greater)")
+	}
+	if o.ExtendedL2 {
+		if v2 {
+			return fmt.Errorf("Extended L2 entries are only supported with compatibility level 1.1 and above (use compat=1.1 or greater)")
+		}
+		if cs < 16384 {
+			return fmt.Errorf("Extended L2 entries are only supported with cluster sizes of at least 16384 bytes")
+		}
+	}
+	switch o.CompressionType {
+	case "zlib":
+	case "zstd":
+		if v2 {
+			return fmt.Errorf("Compression type 'zstd' requires compatibility level 1.1 or above (use compat=1.1 or greater)")
+		}
+	default:
+		return fmt.Errorf("Invalid parameter '%s'", o.CompressionType)
+	}
+	if o.DataFile != "" && v2 {
+		return fmt.Errorf("data-file requires compat version 1.1 or above")
+	}
+	if o.DataFileRaw && o.DataFile == "" {
+		return fmt.Errorf("data-file-raw requires data-file")
+	}
+	if o.DataFileRaw && o.BackingFile != "" {
+		return fmt.Errorf("Backing file and data-file-raw cannot be used at the same time")
+	}
+	if o.BackingFormat != "" && o.BackingFile == "" {
+		return fmt.Errorf("Backing format cannot be used without backing file")
+	}
+	if o.Size < 0 {
+		return fmt.Errorf("Image size must be less than 8 EiB!")
+	}
+	return nil
+}
