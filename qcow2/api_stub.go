@@ -54,6 +54,3 @@ func (img *Image) BackingPath() string { return "" }
 
 // ClusterSize returns the cluster size in bytes.
 func (img *Image) ClusterSize() int64 { return 0 }
-
-// Snapshot is one entry of the internal snapshot table (snapshot.go).
-type Snapshot struct{}
