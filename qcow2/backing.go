@@ -1,0 +1,114 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ovis-storage/ovis/block"
+	"golang.org/x/sys/unix"
+)
+
+// maxChainDepth bounds backing chains, as a guard beside loop detection.
+const maxChainDepth = 256
+
+// Probe returns "qcow2" when the file at path starts with the qcow2 magic
+// and "raw" otherwise, as QEMU's format probing does for these two.
+func Probe(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	var b [4]byte
+	n, _ := f.ReadAt(b[:], 0)
+	if n == 4 && binary.BigEndian.Uint32(b[:]) == Magic {
+		return "qcow2", nil
+	}
+	return "raw", nil
+}
+
+// OpenDevice opens path as format "qcow2" or "raw" ("" probes) and returns
+// it as a block.Device. Only o.ReadOnly and o.OpenFile apply to raw files.
+func OpenDevice(path, format string, o Options) (block.Device, error) {
+	return openDevice(path, format, o, nil)
+}
+
+func openDevice(path, format string, o Options, seen map[string]bool) (block.Device, error) {
+	if format == "" {
+		var err error
+		if format, err = Probe(path); err != nil {
+			return nil, fmt.Errorf("qcow2: %w", err)
+		}
+	}
+	switch format {
+	case "qcow2":
+		return openChain(path, o, seen)
+	case "raw":
+		f, err := o.openFile(path, o.ReadOnly)
+		if err != nil {
+			return nil, err
+		}
+		r, err := block.NewRaw(f, o.ReadOnly)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		return r, nil
+	}
+	return nil, fmt.Errorf("qcow2: unknown format %q", format)
+}
+
+// openBacking opens the backing chain read-only, refusing loops.
+func (img *Image) openBacking(o Options, seen map[string]bool) error {
+	key := chainKey(img.path)
+	if seen == nil {
+		seen = map[string]bool{}
+	}
+	seen[key] = true
+	if len(seen) > maxChainDepth {
+		return fmt.Errorf("qcow2: %s: backing chain deeper than %d", img.path, maxChainDepth)
+	}
+	p := img.resolve(img.hdr.BackingFile)
+	if seen[chainKey(p)] {
+		return fmt.Errorf("qcow2: %s: backing file loop: %s is already in the chain", img.path, p)
+	}
+	bo := o
+	bo.ReadOnly = true
+	bo.NoBacking = false
+	b, err := openDevice(p, img.hdr.BackingFormat, bo, seen)
+	if err != nil {
+		return fmt.Errorf("qcow2: %s: opening backing file: %w", img.path, err)
+	}
+	img.backing = b
+	img.backRef = p
+	img.backingSize = b.Size()
+	return nil
+}
+
+// chainKey identifies a file for loop detection: its device and inode
+// when it can be stat'ed, else its cleaned absolute path.
+func chainKey(p string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err == nil {
+		return fmt.Sprintf("%d:%d", st.Dev, st.Ino)
+	}
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+func isAbs(p string) bool { return filepath.IsAbs(p) }
+
+// joinDir resolves name against the folder of the image at path.
+func joinDir(path, name string) string { return filepath.Join(filepath.Dir(path), name) }
+
+func fallocate(f *block.OSFile, size int64) error {
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
+		return fmt.Errorf("qcow2: fallocate: %w", err)
+	}
+	return nil
+}

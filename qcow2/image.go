@@ -1,0 +1,383 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// Entry masks and flags (spec: "L1 table entry", "L2 table entry").
+const (
+	l1OffsetMask   = 0x00fffffffffffe00
+	l2OffsetMask   = 0x00fffffffffffe00
+	refTableMask   = 0xfffffffffffffe00
+	flagCopied     = uint64(1) << 63
+	flagCompressed = uint64(1) << 62
+	flagZero       = uint64(1)
+
+	subclustersPerCluster = 32
+)
+
+// Image is an open qcow2 image, served as a block.Device.
+//
+// Locking: mu guards the metadata in memory (header, L1 table, refcount
+// table, both table caches, in-flight allocations). Data I/O never happens
+// under mu; metadata tables are read with mu released (tableCache.load).
+// flushMu serializes Flush and is taken before mu. Growth of the refcount
+// table is the one step that writes with mu held: it is rare (once per
+// refcount table's worth of clusters) and must not interleave with
+// allocation.
+//
+// Safe for concurrent use. Release with Close.
+type Image struct {
+	path    string
+	file    block.File
+	data    block.File // == file unless the image has an external data file
+	backing block.Device
+	backRef string // resolved backing path
+	ro      bool
+
+	// Immutable after Open.
+	clusterBits  uint32
+	clusterSize  int64
+	l2Entries    int64
+	extL2        bool
+	subSize      int64 // subcluster size (== clusterSize without extended L2)
+	nsub         int   // subclusters per cluster (1 without extended L2)
+	rcBits       int
+	rcPerBlock   int64
+	size         int64
+	compression  uint8
+	hasDataFile  bool
+	dataFileRaw  bool
+	lazy         bool
+	v3           bool
+	snapshots    []Snapshot
+	backingSize  int64
+	hdrClustersN int64
+
+	flushMu sync.Mutex
+	mu      sync.Mutex
+	// Fields below are guarded by mu.
+	hdr      Header
+	l1       []uint64
+	l1Dirty  map[int]struct{} // L1 indices changed since the last flush
+	refTable []uint64
+	rtDirty  map[int]struct{}
+	l2       *tableCache
+	rc       *tableCache
+	// freeHint is a cluster index below which every cluster is in use.
+	freeHint int64
+	// compTail is the host byte offset where the next compressed cluster
+	// may be packed, 0 when none.
+	compTail uint64
+	// inflight holds guest clusters whose L2 entry a writer is changing;
+	// other writers to the same cluster wait for done.
+	inflight map[int64]chan struct{}
+	// pendingFree lists host clusters whose refcount drops once the L2
+	// change that stopped referencing them is durable (see Flush).
+	pendingFree []uint64
+	// markedDirty is set once the header's dirty bit is on disk (lazy
+	// refcounts).
+	markedDirty bool
+	needRebuild bool
+	closed      bool
+}
+
+var _ block.Device = (*Image)(nil)
+
+// Open opens the qcow2 image at path, its external data file and its
+// backing chain.
+func Open(path string, o Options) (*Image, error) {
+	return openChain(path, o, nil)
+}
+
+func openChain(path string, o Options, seen map[string]bool) (*Image, error) {
+	f, err := o.openFile(path, o.ReadOnly)
+	if err != nil {
+		return nil, fmt.Errorf("qcow2: %w", err)
+	}
+	img, err := openFile(f, path, o, seen)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return img, nil
+}
+
+func openFile(f block.File, path string, o Options, seen map[string]bool) (*Image, error) {
+	fileSize, err := f.Size()
+	if err != nil {
+		return nil, fmt.Errorf("qcow2: %s: %w", path, err)
+	}
+	first := make([]byte, min(fileSize, 1<<MaxClusterBits))
+	if err := block.ReadFull(f, first, 0); err != nil {
+		return nil, fmt.Errorf("qcow2: %s: reading header: %w", path, err)
+	}
+	h, err := ParseHeader(first, fileSize)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	img := &Image{
+		path:        path,
+		file:        f,
+		data:        f,
+		ro:          o.ReadOnly,
+		hdr:         *h,
+		clusterBits: h.ClusterBits,
+		clusterSize: h.ClusterSize(),
+		l2Entries:   h.L2Entries(),
+		extL2:       h.ExtendedL2(),
+		rcBits:      h.RefcountBits(),
+		size:        int64(h.Size),
+		compression: h.CompressionType,
+		hasDataFile: h.HasDataFile(),
+		dataFileRaw: h.DataFileRaw(),
+		lazy:        h.LazyRefcounts(),
+		v3:          h.Version >= 3,
+		inflight:    make(map[int64]chan struct{}),
+		l1Dirty:     make(map[int]struct{}),
+		rtDirty:     make(map[int]struct{}),
+	}
+	img.nsub, img.subSize = 1, img.clusterSize
+	if img.extL2 {
+		img.nsub, img.subSize = subclustersPerCluster, img.clusterSize/subclustersPerCluster
+	}
+	img.rcPerBlock = img.clusterSize * 8 / int64(img.rcBits)
+	img.hdrClustersN = 1
+	img.freeHint = 1
+	if h.IncompatibleFeatures&IncompatCorrupt != 0 && !o.ReadOnly {
+		return nil, fmt.Errorf("%s: %w", path, ErrCorruptFlag)
+	}
+	if err := img.loadTables(fileSize); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if img.snapshots, err = parseSnapshotTable(f, h.SnapshotsOffset, h.NbSnapshots, img.clusterSize, fileSize); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+
+	l2Cache, rcCache := img.cacheCapacities(o)
+	img.l2 = newTableCache("L2 table", f, int(img.clusterSize), l2Cache, &img.mu)
+	img.rc = newTableCache("refcount block", f, int(img.clusterSize), rcCache, &img.mu)
+
+	ok := false
+	defer func() {
+		if !ok {
+			img.closeFiles()
+		}
+	}()
+	if img.hasDataFile {
+		if err := img.openDataFile(o); err != nil {
+			return nil, err
+		}
+	}
+	if h.BackingFile != "" && !o.NoBacking {
+		if err := img.openBacking(o, seen); err != nil {
+			return nil, err
+		}
+	}
+	if !o.ReadOnly {
+		if h.IncompatibleFeatures&IncompatDirty != 0 {
+			img.needRebuild = true
+		}
+		if h.AutoclearFeatures&^autoclearKnown != 0 {
+			// Unknown autoclear bits must be cleared before we write.
+			img.hdr.AutoclearFeatures &= autoclearKnown
+			if err := img.writeHeaderLocked(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ok = true
+	return img, nil
+}
+
+// cacheCapacities returns the L2 and refcount cache sizes in tables, with
+// QEMU's defaults: the L2 cache covers the whole disk up to 32 MiB, never
+// more than all L2 tables; the refcount cache is four clusters.
+func (img *Image) cacheCapacities(o Options) (int, int) {
+	cs := img.clusterSize
+	allL2 := int64(len(img.l1))
+	l2Bytes := o.L2CacheSize
+	if l2Bytes <= 0 {
+		l2Bytes = min(32<<20, allL2*cs)
+	}
+	l2n := max(l2Bytes/cs, 2)
+	l2n = min(l2n, max(allL2, 2))
+	rcBytes := o.RefcountCacheSize
+	if rcBytes <= 0 {
+		rcBytes = 4 * cs
+	}
+	return int(l2n), int(max(rcBytes/cs, 4))
+}
+
+// loadTables reads the L1 and refcount tables, checked against the file.
+func (img *Image) loadTables(fileSize int64) error {
+	h := &img.hdr
+	l1 := make([]byte, int64(h.L1Size)*8)
+	if err := block.ReadFull(img.file, l1, int64(h.L1TableOffset)); err != nil {
+		return fmt.Errorf("qcow2: reading L1 table at %#x: %w", h.L1TableOffset, err)
+	}
+	img.l1 = make([]uint64, h.L1Size)
+	for i := range img.l1 {
+		e := binary.BigEndian.Uint64(l1[i*8:])
+		img.l1[i] = e
+		if off := e & l1OffsetMask; off != 0 {
+			if off%uint64(img.clusterSize) != 0 {
+				return corruptf("L1 entry %d: L2 table offset %#x is not cluster aligned", i, off)
+			}
+			if int64(off) >= fileSize {
+				return corruptf("L1 entry %d: L2 table offset %#x is beyond the end of the file (%d bytes)", i, off, fileSize)
+			}
+		}
+	}
+	rt := make([]byte, int64(h.RefcountTableClusters)*img.clusterSize)
+	if err := block.ReadFull(img.file, rt, int64(h.RefcountTableOffset)); err != nil {
+		return fmt.Errorf("qcow2: reading refcount table at %#x: %w", h.RefcountTableOffset, err)
+	}
+	img.refTable = make([]uint64, len(rt)/8)
+	for i := range img.refTable {
+		e := binary.BigEndian.Uint64(rt[i*8:])
+		img.refTable[i] = e
+		if off := e & refTableMask; off != 0 {
+			if off%uint64(img.clusterSize) != 0 {
+				return corruptf("refcount table entry %d: block offset %#x is not cluster aligned", i, off)
+			}
+		}
+	}
+	return nil
+}
+
+func (img *Image) openDataFile(o Options) error {
+	name := img.hdr.DataFile
+	if name == "" {
+		return fmt.Errorf("qcow2: %s: image uses an external data file but names none", img.path)
+	}
+	p := img.resolve(name)
+	f, err := o.openFile(p, o.ReadOnly)
+	if err != nil {
+		return fmt.Errorf("qcow2: %s: opening data file: %w", img.path, err)
+	}
+	img.data = f
+	return nil
+}
+
+// resolve interprets a backing or data file name relative to the image's
+// folder, as QEMU does.
+func (img *Image) resolve(name string) string {
+	if filepath.IsAbs(name) {
+		return name
+	}
+	return filepath.Join(filepath.Dir(img.path), name)
+}
+
+// Size returns the virtual size in bytes.
+func (img *Image) Size() int64 { return img.size }
+
+// ClusterSize returns the cluster size in bytes.
+func (img *Image) ClusterSize() int64 { return img.clusterSize }
+
+// Header returns a copy of the image header as it is now.
+func (img *Image) Header() Header {
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	h := img.hdr
+	return h
+}
+
+// Snapshots returns the internal snapshot table. The caller must not
+// modify the returned slice.
+func (img *Image) Snapshots() []Snapshot { return img.snapshots }
+
+// Backing returns the open backing device, or nil if there is none (or
+// it was not opened).
+func (img *Image) Backing() block.Device { return img.backing }
+
+// BackingPath returns the backing file name resolved against the image's
+// folder, or "" if the image has no backing file.
+func (img *Image) BackingPath() string {
+	if img.hdr.BackingFile == "" {
+		return ""
+	}
+	return img.resolve(img.hdr.BackingFile)
+}
+
+// Close flushes, marks the image clean and closes its files and its
+// backing chain. A second Close returns block.ErrClosed.
+func (img *Image) Close() error {
+	img.mu.Lock()
+	if img.closed {
+		img.mu.Unlock()
+		return block.ErrClosed
+	}
+	img.mu.Unlock()
+	var first error
+	if !img.ro {
+		first = img.Flush()
+		if first == nil {
+			first = img.markClean()
+		}
+	}
+	img.mu.Lock()
+	img.closed = true
+	img.mu.Unlock()
+	if err := img.closeFiles(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+func (img *Image) closeFiles() error {
+	var first error
+	if img.backing != nil {
+		if err := img.backing.Close(); err != nil {
+			first = err
+		}
+	}
+	if img.data != img.file {
+		if err := img.data.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	if err := img.file.Close(); err != nil && first == nil {
+		first = err
+	}
+	return first
+}
+
+func (img *Image) checkOpen() error {
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	if img.closed {
+		return block.ErrClosed
+	}
+	return nil
+}
+
+// writeHeaderLocked encodes the header and writes and syncs cluster 0.
+// Called with mu held (or before the image is shared); header updates are
+// rare and must not interleave with each other.
+func (img *Image) writeHeaderLocked() error {
+	buf, err := img.hdr.Encode()
+	if err != nil {
+		return err
+	}
+	if _, err := img.file.WriteAt(buf, 0); err != nil {
+		return fmt.Errorf("qcow2: writing header: %w", err)
+	}
+	return img.file.Sync()
+}
+
+var errReadOnly = block.ErrReadOnly
+
+func isNeedLoad(err error) (*needLoad, bool) {
+	var nl *needLoad
+	if errors.As(err, &nl) {
+		return nl, true
+	}
+	return nil, false
+}

@@ -1,0 +1,237 @@
+package qcow2
+
+import (
+	"fmt"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// segment is a piece of a read request with one source.
+type segment struct {
+	kind subKind
+	n    int64
+	host uint64 // kindData: host offset of the first byte; kindCompressed: the L2 entry
+	cOff int64  // kindCompressed: offset of the first byte inside the cluster
+}
+
+// maxSegments bounds one mapping pass so that the lock is not held for long.
+const maxSegments = 256
+
+// mapRangeLocked maps up to n bytes at off into segments, merging
+// neighbours with the same source. It returns a *needLoad error when an
+// L2 table must be read first.
+func (img *Image) mapRangeLocked(off, n int64, segs []segment) ([]segment, error) {
+	for n > 0 && len(segs) < maxSegments {
+		c := off >> img.clusterBits
+		m, err := img.lookupLocked(c)
+		if err != nil {
+			return segs, err
+		}
+		inCluster := off & (img.clusterSize - 1)
+		if h, ok := img.host(m); ok && h&uint64(img.clusterSize-1) != 0 {
+			return segs, corruptf("L2 entry for guest offset %#x: host offset %#x is not cluster aligned", c<<img.clusterBits, h)
+		}
+		var s segment
+		if m.entry&flagCompressed != 0 {
+			s = segment{kind: kindCompressed, host: m.entry, cOff: inCluster, n: min(n, img.clusterSize-inCluster)}
+		} else {
+			i := int(inCluster / img.subSize)
+			kind, host := img.sub(m, i)
+			inSub := inCluster - int64(i)*img.subSize
+			s = segment{kind: kind, n: min(n, img.subSize-inSub)}
+			if kind == kindData {
+				s.host = host + uint64(inSub)
+			}
+		}
+		if k := len(segs) - 1; k >= 0 && segs[k].kind == s.kind && s.kind != kindCompressed &&
+			(s.kind != kindData || segs[k].host+uint64(segs[k].n) == s.host) {
+			segs[k].n += s.n
+		} else {
+			segs = append(segs, s)
+		}
+		off += s.n
+		n -= s.n
+	}
+	return segs, nil
+}
+
+// withMetadata runs fn under mu, loading tables it asks for (by returning a
+// *needLoad error) and retrying until it succeeds or fails otherwise.
+func (img *Image) withMetadata(fn func() error) error {
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	var pins pinSet
+	defer pins.releaseLocked()
+	for {
+		if img.closed {
+			return block.ErrClosed
+		}
+		err := fn()
+		if ng, ok := err.(*needGrow); ok {
+			img.mu.Unlock()
+			img.flushMu.Lock()
+			img.mu.Lock()
+			err = img.growRefTableLocked(ng.need)
+			img.flushMu.Unlock()
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		nl, ok := isNeedLoad(err)
+		if !ok {
+			return err
+		}
+		e, err := nl.c.load(nl.off)
+		if err != nil {
+			return err
+		}
+		pins = append(pins, e)
+	}
+}
+
+// ReadAt reads len(p) bytes at guest offset off.
+func (img *Image) ReadAt(p []byte, off int64) (int, error) {
+	if err := block.CheckRange(off, int64(len(p)), img.size); err != nil {
+		return 0, err
+	}
+	done := 0
+	var segs []segment
+	for done < len(p) {
+		err := img.withMetadata(func() error {
+			var err error
+			segs, err = img.mapRangeLocked(off+int64(done), int64(len(p)-done), segs[:0])
+			return err
+		})
+		if err != nil {
+			return done, err
+		}
+		for _, s := range segs {
+			if err := img.readSegment(p[done:done+int(s.n)], off+int64(done), s); err != nil {
+				return done, err
+			}
+			done += int(s.n)
+		}
+	}
+	return done, nil
+}
+
+func (img *Image) readSegment(p []byte, guest int64, s segment) error {
+	switch s.kind {
+	case kindZero:
+		clear(p)
+	case kindUnalloc:
+		return img.readBacking(p, guest)
+	case kindData:
+		if err := block.ReadFull(img.data, p, int64(s.host)); err != nil {
+			return fmt.Errorf("qcow2: reading data at host offset %#x: %w", s.host, err)
+		}
+	case kindCompressed:
+		buf, err := img.readCompressed(s.host)
+		if err != nil {
+			return err
+		}
+		copy(p, buf[s.cOff:])
+	}
+	return nil
+}
+
+// readBacking reads guest range p@off from the backing file; whatever lies
+// past the backing file's end reads as zeros.
+func (img *Image) readBacking(p []byte, off int64) error {
+	if img.backing == nil {
+		clear(p)
+		return nil
+	}
+	n := int64(len(p))
+	bs := img.backing.Size()
+	if off >= bs {
+		clear(p)
+		return nil
+	}
+	if off+n > bs {
+		clear(p[bs-off:])
+		p = p[:bs-off]
+	}
+	if _, err := img.backing.ReadAt(p, off); err != nil {
+		return fmt.Errorf("qcow2: reading backing file at %#x: %w", off, err)
+	}
+	return nil
+}
+
+// readCompressed reads and inflates the compressed cluster of an L2 entry.
+func (img *Image) readCompressed(entry uint64) ([]byte, error) {
+	coff, n := img.compressedRange(entry)
+	if img.hasDataFile {
+		return nil, corruptf("compressed cluster at %#x in an image with an external data file", coff)
+	}
+	fsize, err := img.file.Size()
+	if err != nil {
+		return nil, err
+	}
+	if coff >= uint64(fsize) {
+		return nil, corruptf("compressed cluster at %#x is beyond the end of the file (%d bytes)", coff, fsize)
+	}
+	n = min(n, fsize-int64(coff))
+	src := make([]byte, n)
+	if err := block.ReadFull(img.file, src, int64(coff)); err != nil {
+		return nil, fmt.Errorf("qcow2: reading compressed cluster at %#x: %w", coff, err)
+	}
+	dst := make([]byte, img.clusterSize)
+	if err := decompressCluster(img.compression, src, dst); err != nil {
+		return nil, fmt.Errorf("qcow2: compressed cluster at %#x: %w", coff, err)
+	}
+	return dst, nil
+}
+
+// Extent reports the status of the run starting at off, at most n bytes.
+func (img *Image) Extent(off, n int64) (block.Extent, error) {
+	if err := block.CheckRange(off, n, img.size); err != nil {
+		return block.Extent{}, err
+	}
+	if n == 0 {
+		return block.Extent{}, nil
+	}
+	var segs []segment
+	err := img.withMetadata(func() error {
+		var err error
+		segs, err = img.mapRangeLocked(off, n, segs[:0])
+		return err
+	})
+	if err != nil {
+		return block.Extent{}, err
+	}
+	first := segs[0].kind
+	var length int64
+	for _, s := range segs {
+		if classOf(s.kind) != classOf(first) {
+			break
+		}
+		length += s.n
+	}
+	switch first {
+	case kindData, kindCompressed:
+		return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+	case kindZero:
+		return block.Extent{Length: length, Status: block.StatusZero | block.StatusHole, Depth: 1}, nil
+	}
+	// Unallocated here: ask the backing file.
+	if img.backing == nil || off >= img.backing.Size() {
+		return block.Extent{Length: length, Status: block.StatusZero | block.StatusHole}, nil
+	}
+	be, err := img.backing.Extent(off, min(length, img.backing.Size()-off))
+	if err != nil {
+		return block.Extent{}, err
+	}
+	if be.Depth > 0 {
+		be.Depth++
+	}
+	return be, nil
+}
+
+func classOf(k subKind) subKind {
+	if k == kindCompressed {
+		return kindData
+	}
+	return k
+}

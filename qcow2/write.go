@@ -1,0 +1,379 @@
+package qcow2
+
+import (
+	"fmt"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// WriteAt writes p at guest offset off. With fua, the data and the
+// metadata that maps it are durable before WriteAt returns.
+func (img *Image) WriteAt(p []byte, off int64, fua bool) (int, error) {
+	if err := img.beginWrite(off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	meta := false
+	done := 0
+	for done < len(p) {
+		pos := off + int64(done)
+		c := pos >> img.clusterBits
+		in := pos & (img.clusterSize - 1)
+		n := int(min(int64(len(p)-done), img.clusterSize-in))
+		changed, err := img.writeCluster(c, in, p[done:done+n])
+		if err != nil {
+			return done, err
+		}
+		meta = meta || changed
+		done += n
+	}
+	return done, img.endWrite(meta, fua)
+}
+
+// beginWrite checks a write request and, before the first write, repairs
+// refcounts after an unclean shutdown and sets the dirty bit of a
+// lazy-refcounts image.
+func (img *Image) beginWrite(off, n int64) error {
+	if img.ro {
+		return errReadOnly
+	}
+	if err := block.CheckRange(off, n, img.size); err != nil {
+		return err
+	}
+	img.mu.Lock()
+	closed, need := img.closed, img.needRebuild || (img.lazy && !img.markedDirty)
+	img.mu.Unlock()
+	if closed {
+		return block.ErrClosed
+	}
+	if !need {
+		return nil
+	}
+	img.flushMu.Lock()
+	defer img.flushMu.Unlock()
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	if img.needRebuild {
+		if err := img.rebuildRefcountsLocked(); err != nil {
+			return err
+		}
+		img.needRebuild = false
+		img.hdr.IncompatibleFeatures &^= IncompatDirty
+		if err := img.writeHeaderLocked(); err != nil {
+			return err
+		}
+	}
+	if img.lazy && !img.markedDirty {
+		img.hdr.IncompatibleFeatures |= IncompatDirty
+		if err := img.writeHeaderLocked(); err != nil {
+			return err
+		}
+		img.markedDirty = true
+	}
+	return nil
+}
+
+// endWrite makes a FUA write durable and relieves cache pressure.
+func (img *Image) endWrite(meta, fua bool) error {
+	if fua {
+		if meta {
+			return img.Flush()
+		}
+		return img.data.Sync()
+	}
+	img.mu.Lock()
+	full := img.l2.overfullLocked() || img.rc.overfullLocked()
+	img.mu.Unlock()
+	if full {
+		return img.Flush()
+	}
+	return nil
+}
+
+// claim waits until no other writer changes guest cluster c's L2 entry and
+// then claims it; fast is called under mu first and may finish the lookup
+// without claiming (it returns true). release ends the claim.
+func (img *Image) claim(c int64, fast func() (bool, error)) (claimed bool, err error) {
+	for {
+		var wait chan struct{}
+		done := false
+		err := img.withMetadata(func() error {
+			if ch := img.inflight[c]; ch != nil {
+				wait = ch
+				return nil
+			}
+			ok, err := fast()
+			if err != nil || ok {
+				done = true
+				return err
+			}
+			img.inflight[c] = make(chan struct{})
+			return nil
+		})
+		if err != nil {
+			return false, err
+		}
+		if wait != nil {
+			<-wait
+			continue
+		}
+		return !done, nil
+	}
+}
+
+func (img *Image) release(c int64) {
+	img.mu.Lock()
+	ch := img.inflight[c]
+	delete(img.inflight, c)
+	img.mu.Unlock()
+	close(ch)
+}
+
+// writeCluster writes p at offset in inside guest cluster c. It reports
+// whether metadata changed.
+func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
+	s0 := int(in / img.subSize)
+	s1 := int((in + int64(len(p)) - 1) / img.subSize)
+	var host uint64
+	claimed, err := img.claim(c, func() (bool, error) {
+		m, err := img.lookupLocked(c)
+		if err != nil {
+			return false, err
+		}
+		h, ok := img.host(m)
+		if !ok || m.entry&flagCopied == 0 {
+			return false, nil
+		}
+		for i := s0; i <= s1; i++ {
+			if k, _ := img.sub(m, i); k != kindData {
+				return false, nil
+			}
+		}
+		host = h
+		return true, nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if !claimed {
+		if _, err := img.data.WriteAt(p, int64(host)+in); err != nil {
+			return false, fmt.Errorf("qcow2: writing data at host offset %#x: %w", int64(host)+in, err)
+		}
+		return false, nil
+	}
+	defer img.release(c)
+	return true, img.allocWrite(c, in, p)
+}
+
+// writableL2Locked returns guest cluster c's L2 table, allocating it or
+// copying it away from a snapshot first, and the entry's index.
+func (img *Image) writableL2Locked(c int64) (*cacheEntry, int64, error) {
+	l1i, idx, l2off := img.l2SlotLocked(c)
+	if l1i >= len(img.l1) {
+		return nil, 0, fmt.Errorf("qcow2: guest cluster %d beyond the L1 table", c)
+	}
+	if l2off == 0 {
+		off, err := img.allocClusterLocked()
+		if err != nil {
+			return nil, 0, err
+		}
+		e := img.l2.insertLocked(off, make([]byte, img.clusterSize))
+		img.l1[l1i] = off | flagCopied
+		img.l1Dirty[l1i] = struct{}{}
+		return e, idx, nil
+	}
+	if img.l1[l1i]&flagCopied != 0 {
+		e, err := img.l2.peekLocked(l2off)
+		return e, idx, err
+	}
+	rc, err := img.refcountLocked(int64(l2off) >> img.clusterBits)
+	if err != nil {
+		return nil, 0, err
+	}
+	old, err := img.l2.peekLocked(l2off)
+	if err != nil {
+		return nil, 0, err
+	}
+	if rc == 1 {
+		img.l1[l1i] |= flagCopied
+		img.l1Dirty[l1i] = struct{}{}
+		return old, idx, nil
+	}
+	// Shared with a snapshot: copy it. The clusters it maps keep their
+	// refcounts, since the snapshot's table still references them too.
+	off, err := img.allocClusterLocked()
+	if err != nil {
+		return nil, 0, err
+	}
+	e := img.l2.insertLocked(off, append([]byte(nil), old.buf...))
+	img.l1[l1i] = off | flagCopied
+	img.l1Dirty[l1i] = struct{}{}
+	img.pendingFree = append(img.pendingFree, l2off)
+	return e, idx, nil
+}
+
+// setEntryLocked stores guest cluster c's new L2 entry in its (writable)
+// table and schedules the release of what the old entry referenced.
+func (img *Image) setEntryLocked(c int64, m mapping, freeOld bool) error {
+	e, idx, err := img.writableL2Locked(c)
+	if err != nil {
+		return err
+	}
+	if freeOld {
+		img.freeEntryLocked(img.readEntry(e.buf, idx))
+	}
+	img.writeEntry(e.buf, idx, m)
+	img.l2.markDirtyLocked(e)
+	return nil
+}
+
+// freeEntryLocked schedules the refcount drop of the host clusters an L2
+// entry references.
+func (img *Image) freeEntryLocked(m mapping) {
+	if img.hasDataFile {
+		return
+	}
+	if m.entry&flagCompressed != 0 {
+		off, n := img.compressedRange(m.entry)
+		start := (off &^ 511) >> img.clusterBits
+		end := ((off &^ 511) + uint64(n) - 1) >> img.clusterBits
+		for i := start; i <= end; i++ {
+			img.pendingFree = append(img.pendingFree, i<<img.clusterBits)
+		}
+		return
+	}
+	if h, ok := img.host(m); ok {
+		img.pendingFree = append(img.pendingFree, h)
+	}
+}
+
+// allocWrite writes p into guest cluster c, which the caller has claimed,
+// allocating or copying the host cluster as needed.
+func (img *Image) allocWrite(c, in int64, p []byte) error {
+	var (
+		old      mapping
+		host     uint64
+		newHost  bool
+		allocErr error
+	)
+	err := img.withMetadata(func() error {
+		e, idx, err := img.writableL2Locked(c)
+		if err != nil {
+			return err
+		}
+		old = img.readEntry(e.buf, idx)
+		if h, ok := img.host(old); ok && old.entry&flagCopied != 0 {
+			host = h
+			return nil
+		}
+		if img.hasDataFile {
+			host = uint64(c << img.clusterBits)
+			return nil
+		}
+		if !newHost {
+			if host, allocErr = img.allocClusterLocked(); allocErr != nil {
+				return allocErr
+			}
+			newHost = true
+		}
+		return nil
+	})
+	if err != nil {
+		if newHost {
+			img.mu.Lock()
+			img.pendingFree = append(img.pendingFree, host)
+			img.mu.Unlock()
+		}
+		return err
+	}
+
+	// Which subclusters to write: the touched ones, plus, when the data
+	// moves to a new cluster, everything the old cluster held.
+	var write uint32
+	s0 := int(in / img.subSize)
+	s1 := int((in + int64(len(p)) - 1) / img.subSize)
+	for i := s0; i <= s1; i++ {
+		write |= 1 << i
+	}
+	moving := newHost && (old.entry&flagCompressed != 0 || old.entry&l2OffsetMask != 0)
+	if moving || !img.extL2 {
+		for i := 0; i < img.nsub; i++ {
+			if k, _ := img.sub(old, i); k == kindData || k == kindCompressed || !img.extL2 {
+				write |= 1 << i
+			}
+		}
+	}
+	lo, hi := img.nsub, -1
+	for i := 0; i < img.nsub; i++ {
+		if write&(1<<i) != 0 {
+			lo, hi = min(lo, i), max(hi, i)
+		}
+	}
+	buf := make([]byte, int64(hi-lo+1)*img.subSize)
+	if err := img.fillOld(buf, c, lo, write, old, in, int64(len(p)), host, newHost); err != nil {
+		return err
+	}
+	copy(buf[in-int64(lo)*img.subSize:], p)
+	dst := int64(host) + int64(lo)*img.subSize
+	if _, err := img.data.WriteAt(buf, dst); err != nil {
+		return fmt.Errorf("qcow2: writing data at host offset %#x: %w", dst, err)
+	}
+
+	nm := mapping{entry: host | flagCopied}
+	if img.extL2 {
+		alloc := uint32(old.bitmap) | write
+		zero := uint32(old.bitmap>>32) &^ write
+		if old.entry&flagCompressed != 0 {
+			alloc, zero = write, 0
+		}
+		nm.bitmap = uint64(alloc) | uint64(zero)<<32
+	}
+	return img.withMetadata(func() error {
+		return img.setEntryLocked(c, nm, newHost)
+	})
+}
+
+// fillOld fills buf (subclusters lo.. of guest cluster c) with the old
+// contents of the subclusters in write that p does not fully cover.
+func (img *Image) fillOld(buf []byte, c int64, lo int, write uint32, old mapping, in, n int64, host uint64, newHost bool) error {
+	var cluster []byte // decompressed old cluster, loaded on demand
+	for i := lo; i < img.nsub && int64(i-lo)*img.subSize < int64(len(buf)); i++ {
+		if write&(1<<i) == 0 {
+			continue
+		}
+		start := int64(i) * img.subSize
+		if in <= start && in+n >= start+img.subSize {
+			continue // fully overwritten
+		}
+		dst := buf[(int64(i-lo))*img.subSize : int64(i-lo+1)*img.subSize]
+		kind, h := img.sub(old, i)
+		switch kind {
+		case kindZero:
+			// buf is already zero
+		case kindUnalloc:
+			if err := img.readBacking(dst, c<<img.clusterBits+start); err != nil {
+				return err
+			}
+		case kindData:
+			if !newHost && h == host+uint64(start) && img.extL2 {
+				// Same place: only the bytes p does not cover matter,
+				// and they are already there.
+				if err := block.ReadFull(img.data, dst, int64(h)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := block.ReadFull(img.data, dst, int64(h)); err != nil {
+				return fmt.Errorf("qcow2: copying cluster at %#x: %w", h, err)
+			}
+		case kindCompressed:
+			if cluster == nil {
+				var err error
+				if cluster, err = img.readCompressed(old.entry); err != nil {
+					return err
+				}
+			}
+			copy(dst, cluster[start:])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,161 @@
+package qcow2
+
+// WriteZeroes makes [off, off+n) read as zeros. Whole (sub)clusters get
+// the zero flag (and with mayUnmap lose their host cluster); the partial
+// edges are written with zeros.
+func (img *Image) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
+	if err := img.beginWrite(off, n); err != nil {
+		return err
+	}
+	meta := false
+	for n > 0 {
+		c := off >> img.clusterBits
+		in := off & (img.clusterSize - 1)
+		k := min(n, img.clusterSize-in)
+		end := in + k
+		if (c+1)<<img.clusterBits > img.size && off+k == img.size {
+			end = img.clusterSize // the tail of the last cluster counts as covered
+		}
+		// Whole subclusters covered by [in, end).
+		first := (in + img.subSize - 1) / img.subSize
+		last := end / img.subSize // exclusive
+		var mask uint32
+		for i := first; i < last; i++ {
+			mask |= 1 << i
+		}
+		if mask == 0 || !img.canZero(mayUnmap) {
+			if err := img.writeZeroBytes(c, in, k); err != nil {
+				return err
+			}
+		} else {
+			if first*img.subSize > in {
+				if err := img.writeZeroBytes(c, in, first*img.subSize-in); err != nil {
+					return err
+				}
+			}
+			if tail := min(end, in+k); last*img.subSize < tail {
+				if err := img.writeZeroBytes(c, last*img.subSize, tail-last*img.subSize); err != nil {
+					return err
+				}
+			}
+			err := img.zeroSubclusters(c, mask, mayUnmap, false)
+			if err == errPartialCompressed {
+				err = img.writeZeroBytes(c, first*img.subSize, (last-first)*img.subSize)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		meta = true
+		off += k
+		n -= k
+	}
+	return img.endWrite(meta, fua)
+}
+
+// canZero reports whether the metadata can express zeros for the
+// subclusters in mask without writing data.
+func (img *Image) canZero(mayUnmap bool) bool {
+	if img.hasDataFile {
+		// Keep the data file readable on its own: write real zeros.
+		return false
+	}
+	if img.extL2 || img.v3 {
+		return true
+	}
+	// v2 has no zero flag: only an unallocated cluster with no backing
+	// file reads as zeros, and unmapping must be allowed.
+	return mayUnmap && img.hdr.BackingFile == ""
+}
+
+func (img *Image) writeZeroBytes(c, in, n int64) error {
+	_, err := img.writeCluster(c, in, make([]byte, n))
+	return err
+}
+
+// zeroSubclusters marks the subclusters of guest cluster c in mask as
+// zero. discard drops them instead (reads then come from the backing file
+// when there is one, as QEMU's discard does).
+func (img *Image) zeroSubclusters(c int64, mask uint32, mayUnmap, discard bool) error {
+	claimed, err := img.claim(c, func() (bool, error) { return false, nil })
+	if err != nil || !claimed {
+		return err
+	}
+	defer img.release(c)
+	full := mask == uint32(1<<img.nsub-1)
+	return img.withMetadata(func() error {
+		m, err := img.lookupLocked(c)
+		if err != nil {
+			return err
+		}
+		if m.entry&flagCompressed != 0 && !full {
+			return errPartialCompressed
+		}
+		hasBacking := img.hdr.BackingFile != ""
+		h, hasHost := img.host(m)
+		keep := hasHost && !mayUnmap && m.entry&flagCopied != 0 && m.entry&flagCompressed == 0
+		var nm mapping
+		freeOld := false
+		switch {
+		case img.extL2:
+			alloc := uint32(m.bitmap) &^ mask
+			zero := uint32(m.bitmap>>32) | mask
+			if discard && !hasBacking {
+				zero &^= mask
+			}
+			if m.entry&flagCompressed != 0 || (full && !keep) {
+				nm = mapping{bitmap: uint64(alloc) | uint64(zero)<<32}
+				freeOld = true
+			} else {
+				nm = mapping{entry: m.entry, bitmap: uint64(alloc) | uint64(zero)<<32}
+			}
+		case discard && (!img.v3 || !hasBacking):
+			nm = mapping{}
+			freeOld = true
+		case !img.v3:
+			nm = mapping{}
+			freeOld = true
+		case keep:
+			nm = mapping{entry: h | flagCopied | flagZero}
+		default:
+			nm = mapping{entry: flagZero}
+			freeOld = true
+		}
+		if nm == m {
+			return nil
+		}
+		if nm.entry == 0 && nm.bitmap == 0 && m.entry == 0 && m.bitmap == 0 {
+			return nil
+		}
+		return img.setEntryLocked(c, nm, freeOld)
+	})
+}
+
+var errPartialCompressed = &CorruptError{Msg: "internal: partial zero of a compressed cluster"}
+
+// Discard drops whole clusters in [off, off+n); partial clusters are left
+// alone. Discarded clusters read as zeros, except in a v2 image with a
+// backing file, where they read from the backing file again (v2 has no
+// zero flag), as in QEMU. Images with an external data file ignore
+// discards.
+func (img *Image) Discard(off, n int64) error {
+	if err := img.beginWrite(off, n); err != nil {
+		return err
+	}
+	if img.hasDataFile {
+		return nil
+	}
+	end := off + n
+	first := (off + img.clusterSize - 1) >> img.clusterBits
+	last := end >> img.clusterBits // exclusive
+	if end == img.size {
+		last = (end + img.clusterSize - 1) >> img.clusterBits
+	}
+	all := uint32(1<<img.nsub - 1)
+	for c := first; c < last; c++ {
+		if err := img.zeroSubclusters(c, all, true, true); err != nil {
+			return err
+		}
+	}
+	return img.endWrite(last > first, false)
+}
