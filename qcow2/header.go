@@ -426,10 +426,6 @@ func (h *Header) Encode() ([]byte, error) {
 		}
 	}
 	for _, e := range h.Extensions {
-		if e.Type == extBitmaps && h.AutoclearFeatures&AutoclearBitmaps == 0 {
-			// QEMU drops bitmaps whose autoclear bit was cleared.
-			continue
-		}
 		if err := put(e.Type, e.Data); err != nil {
 			return nil, err
 		}

@@ -184,9 +184,12 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 		if h.IncompatibleFeatures&IncompatDirty != 0 {
 			img.needRebuild = true
 		}
-		if h.AutoclearFeatures&^autoclearKnown != 0 {
-			// Unknown autoclear bits must be cleared before we write.
-			img.hdr.AutoclearFeatures &= autoclearKnown
+		// Autoclear bits of features ovis does not maintain must be
+		// cleared before it writes. That includes bitmaps: ovis keeps the
+		// extension intact but does not update the bitmaps, so QEMU will
+		// consider them inconsistent.
+		if keep := uint64(AutoclearDataFileRaw); h.AutoclearFeatures&^keep != 0 {
+			img.hdr.AutoclearFeatures &= keep
 			if err := img.writeHeaderLocked(); err != nil {
 				return nil, err
 			}

@@ -81,11 +81,33 @@ func (img *Image) endWrite(meta, fua bool) error {
 		return img.data.Sync()
 	}
 	img.mu.Lock()
-	full := img.l2.overfullLocked() || img.rc.overfullLocked()
+	l2Full, rcFull := img.l2.overfullLocked(), img.rc.overfullLocked()
 	img.mu.Unlock()
-	if full {
+	switch {
+	case l2Full:
 		return img.Flush()
+	case rcFull:
+		return img.writeBackRefBlocks()
 	}
+	return nil
+}
+
+// writeBackRefBlocks writes dirty refcount blocks without syncing, so that
+// they can be evicted. This is safe at any time: a block in memory differs
+// from disk only by increments (which at worst leak) and by drops whose
+// L2 changes are already durable (see Flush).
+func (img *Image) writeBackRefBlocks() error {
+	img.flushMu.Lock()
+	defer img.flushMu.Unlock()
+	img.mu.Lock()
+	ts := img.rc.dirtyLocked()
+	img.mu.Unlock()
+	if err := img.rc.writeTables(ts); err != nil {
+		return err
+	}
+	img.mu.Lock()
+	img.rc.cleanLocked(ts)
+	img.mu.Unlock()
 	return nil
 }
 

@@ -1,0 +1,33 @@
+// Package qcow2 reads and writes QEMU's qcow2 image format and serves an
+// image as a block.Device.
+//
+// The specification is docs/interop/qcow2.rst in QEMU's tree; QEMU's own
+// tools (qemu-img, qemu-io) are the oracle for every format question.
+//
+// Files, by concern: header.go (header and extensions), l2.go (entry
+// decoding), cache.go (metadata table cache), refcount.go (refcounts and
+// allocation), read.go, write.go, zero.go, compressed.go (the I/O paths),
+// flush.go (crash-ordered writeback), create.go, backing.go, snapshot.go,
+// compress.go (deflate and zstd), rebuild.go (refcount reconstruction).
+//
+// Invariants:
+//
+//  1. On disk, a cluster's refcount is never lower than the number of
+//     references to it: refcount increments reach disk before the L2/L1
+//     entries that reference the cluster, and refcount drops only after
+//     the entries that referenced it are gone on disk (see Flush). A
+//     crash can leak clusters, never corrupt the image.
+//  2. A table's content is durable before the entry pointing to it
+//     (refcount block before refcount table entry, L2 table before L1).
+//  3. Only the writer that claimed a guest cluster (Image.inflight)
+//     changes its L2 entry; other writers to that cluster wait.
+//  4. A cluster whose refcount is not exactly 1 is never written in
+//     place: it is copied first (snapshots, compressed clusters).
+//  5. Clusters freed since the last flush are not reused before it.
+//  6. No metadata lock is held across data I/O, and table loads happen
+//     with the lock released; refcount table growth and the refcount
+//     rebuild after an unclean shutdown are the documented exceptions.
+//
+// Not done here: encryption (refused with UnsupportedError), bitmaps
+// beyond keeping them intact, snapshot create/apply/delete, resize.
+package qcow2
