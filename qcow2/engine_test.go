@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -30,6 +31,8 @@ func TestEngineSmoke(t *testing.T) {
 		{"rc64", CreateOptions{RefcountBits: 64, ClusterSize: 4096}},
 		{"extl2", CreateOptions{ExtendedL2: true}},
 		{"lazy", CreateOptions{LazyRefcounts: true}},
+		{"tinycache512", CreateOptions{ClusterSize: 512}},
+		{"tinycache4k-extl2", CreateOptions{ClusterSize: 16384, ExtendedL2: true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -40,7 +43,13 @@ func TestEngineSmoke(t *testing.T) {
 				t.Fatal(err)
 			}
 			qemuCheck(t, path)
-			img, err := Open(path, Options{})
+			var opts Options
+			if strings.HasPrefix(tc.name, "tinycache") {
+				// Two L2 tables and four refcount blocks: every path
+				// that drops the lock to load a table gets exercised.
+				opts = Options{L2CacheSize: 2 * o.ClusterSize, RefcountCacheSize: 4 * o.ClusterSize}
+			}
+			img, err := Open(path, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,4 +109,77 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return len(a)
+}
+
+// TestLazyRefcountsDirtyRebuild: an image left dirty by a killed writer
+// (QEMU's own, and ours) has its refcounts rebuilt before the next write,
+// after which qemu-img check finds nothing wrong.
+func TestLazyRefcountsDirtyRebuild(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "lazy.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-f", "qcow2", "-o", "lazy_refcounts=on", path, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	// qemu-io dies by SIGKILL after writing: the dirty bit stays set and
+	// refcounts were never updated.
+	exec.Command("qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 3M", "-c", "sigraise 9", path).Run()
+	h := readHeader(t, path)
+	if h.IncompatibleFeatures&IncompatDirty == 0 {
+		t.Fatal("qemu-io did not leave the image dirty")
+	}
+	img, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := bytes.Repeat([]byte{0xa5}, 1<<20)
+	if _, err := img.WriteAt(p, 8<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	// Crash ourselves: drop the image without Close.
+	if err := img.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	img.closeFiles()
+	if h := readHeader(t, path); h.IncompatibleFeatures&IncompatDirty == 0 {
+		t.Fatal("ovis did not set the dirty bit while writing a lazy-refcounts image")
+	}
+	img, err = Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := img.WriteAt(p[:4096], 20<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	for _, c := range []struct {
+		off  int64
+		want byte
+	}{{0, 0x5a}, {2 << 20, 0x5a}, {8 << 20, 0xa5}} {
+		if _, err := img.ReadAt(got, c.off); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, bytes.Repeat([]byte{c.want}, len(got))) {
+			t.Fatalf("data at %#x lost", c.off)
+		}
+	}
+	if err := img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if h := readHeader(t, path); h.IncompatibleFeatures&IncompatDirty != 0 {
+		t.Fatal("dirty bit still set after a clean close")
+	}
+	qemuCheck(t, path)
+}
+
+func readHeader(t *testing.T, path string) *Header {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := ParseHeader(b[:min(len(b), 1<<21)], int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

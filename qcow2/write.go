@@ -119,14 +119,19 @@ func (img *Image) claim(c int64, fast func() (bool, error)) (claimed bool, err e
 		var wait chan struct{}
 		done := false
 		err := img.withMetadata(func() error {
+			// The closure reruns after each table load: start afresh.
+			wait, done = nil, false
 			if ch := img.inflight[c]; ch != nil {
 				wait = ch
 				return nil
 			}
 			ok, err := fast()
-			if err != nil || ok {
-				done = true
+			if err != nil {
 				return err
+			}
+			if ok {
+				done = true
+				return nil
 			}
 			img.inflight[c] = make(chan struct{})
 			return nil
