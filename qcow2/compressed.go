@@ -76,8 +76,16 @@ func (img *Image) allocBytesLocked(n int64) (uint64, error) {
 	if t := img.compTail; t != 0 && t%cs != 0 {
 		cur := int64(t / cs)
 		room := cs - t%cs
-		if _, err := img.refBlockLocked(cur); err != nil {
+		rc, err := img.refcountLocked(cur)
+		if err != nil {
 			return 0, err
+		}
+		if rc >= img.maxRefcount() {
+			// Narrow refcounts (1 bit) cannot count another sharer.
+			room = 0
+		}
+		if n <= 0 {
+			return 0, fmt.Errorf("qcow2: internal error: compressed size %d", n)
 		}
 		if uint64(n) <= room {
 			if err := img.addRefLocked(cur, 1); err != nil {
@@ -93,7 +101,7 @@ func (img *Image) allocBytesLocked(n int64) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if blk != nil && getRefcount(blk.buf, next%img.rcPerBlock, img.rcBits) == 0 {
+		if room > 0 && blk != nil && getRefcount(blk.buf, next%img.rcPerBlock, img.rcBits) == 0 {
 			if err := img.addRefLocked(cur, 1); err != nil {
 				return 0, err
 			}

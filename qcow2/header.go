@@ -414,7 +414,13 @@ func (h *Header) Encode() ([]byte, error) {
 			return nil, err
 		}
 	}
-	if h.Version >= 3 && len(h.FeatureNames) > 0 {
+	// The feature name table is optional: like QEMU, leave it out when it
+	// would not fit beside the rest (512-byte clusters).
+	rest := 8 + len(h.BackingFile)
+	for _, e := range h.Extensions {
+		rest += 8 + (len(e.Data)+7)&^7
+	}
+	if h.Version >= 3 && len(h.FeatureNames) > 0 && off+8+48*len(h.FeatureNames)+rest <= len(buf) {
 		ft := make([]byte, 48*len(h.FeatureNames))
 		for i, f := range h.FeatureNames {
 			ft[i*48] = f.Kind
