@@ -4,57 +4,92 @@ import (
 	"container/list"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ovis-storage/ovis/block"
 )
 
-// tableCache holds cluster-sized metadata tables (L2 tables or refcount
-// blocks) keyed by their host offset.
+// tableCache holds metadata tables (L2 table slices or refcount blocks),
+// each entrySize bytes, keyed by host offset.
 //
-// Locking: every method is called with the owning Image's mu held. A load
-// (load) releases mu while it reads, so callers must re-validate what they
-// looked up before the load. An entry with pins > 0 is never evicted; dirty
-// entries are only dropped after Flush wrote them back.
+// Locking: every method is called with the owning Image's mu held. load
+// releases mu while it reads, so callers re-validate what they looked up
+// before (withMetadata retries them). Misses on different tables load in
+// parallel; concurrent misses on one table share one read.
+//
+// Memory: the cache holds at most capacity entries, except that entries
+// pinned by an operation in progress or dirty since the last flush are
+// never dropped; a writer that leaves the cache over capacity flushes
+// (Image.endWrite), and pins last for one metadata step.
 type tableCache struct {
-	name     string
-	file     block.File
-	size     int // table size in bytes (one cluster)
-	capacity int // entries
-	mu       *sync.Mutex
+	name      string
+	file      block.File
+	entrySize int
+	capacity  int
+	mu        *sync.Mutex
+	policy    evictionPolicy
 
 	entries map[uint64]*cacheEntry
-	lru     *list.List // of *cacheEntry, front = most recently used
 
-	hits, misses, evictions, writebacks uint64
+	stats CacheStats
+}
+
+// CacheStats counts a cache's traffic. Read it with Image.CacheStats.
+type CacheStats struct {
+	Hits, Misses, Evictions, Writebacks uint64
+	// Loads counts table reads from the file; Loading is how many are in
+	// flight right now and MaxLoading the most ever in flight at once.
+	Loads, Loading, MaxLoading uint64
+	Entries, Capacity          int
+	EntrySize                  int
 }
 
 type cacheEntry struct {
-	off  uint64
-	buf  []byte
-	elem *list.Element
-	// loading is non-nil while the table is being read; it is closed
-	// when buf (or err) is set.
+	off uint64
+	buf []byte
+	// loading is non-nil while the table is being read; it is closed when
+	// buf is set (or the load failed and the entry was removed).
 	loading chan struct{}
 	pins    int
 	dirty   bool
-	// gen counts modifications so that a writeback can tell whether the
+	// gen counts modifications, so that a writeback can tell whether the
 	// entry changed while it was being written.
 	gen uint64
+	// lastUse is the clean-interval epoch of the last hit.
+	lastUse uint64
+
+	// Policy state.
+	elem *list.Element // lru
+	slot int           // hitcount: index in slots
+	hits int           // hitcount
 }
 
-func newTableCache(name string, f block.File, size, capacity int, mu *sync.Mutex) *tableCache {
-	if capacity < 2 {
-		capacity = 2
-	}
-	return &tableCache{
-		name: name, file: f, size: size, capacity: capacity, mu: mu,
+// Cache eviction policies, for Options.L2CachePolicy.
+const (
+	PolicyLRU           = "lru"
+	PolicyHitCount      = "hitcount"
+	PolicyHitCountFloor = "hitcount-floor"
+)
+
+func newTableCache(name string, f block.File, entrySize, capacity int, policy string, mu *sync.Mutex) *tableCache {
+	capacity = max(capacity, 2)
+	c := &tableCache{
+		name: name, file: f, entrySize: entrySize, capacity: capacity, mu: mu,
 		entries: make(map[uint64]*cacheEntry),
-		lru:     list.New(),
 	}
+	switch policy {
+	case PolicyHitCount:
+		c.policy = &hitCountPolicy{slots: make([]*cacheEntry, capacity)}
+	case PolicyHitCountFloor:
+		c.policy = &hitCountPolicy{slots: make([]*cacheEntry, capacity), floor: true}
+	default:
+		c.policy = &lruPolicy{l: list.New()}
+	}
+	return c
 }
 
 // needLoad is returned by *Locked lookups when a table is not cached. The
-// caller drops its partial work, calls load, and retries.
+// caller drops its partial work, loads, and retries.
 type needLoad struct {
 	c   *tableCache
 	off uint64
@@ -68,15 +103,15 @@ func (c *tableCache) peekLocked(off uint64) (*cacheEntry, error) {
 	if !ok || e.loading != nil {
 		return nil, &needLoad{c: c, off: off}
 	}
-	c.hits++
-	c.lru.MoveToFront(e.elem)
+	c.stats.Hits++
+	c.policy.hit(e)
+	e.lastUse = cleanEpoch.Load()
 	return e, nil
 }
 
 // load reads the table at off into the cache and returns it pinned, so
 // that it survives until the caller's retry; the caller unpins it. Called
-// with mu held; releases it during the read. Concurrent loads of one table
-// share one read.
+// with mu held; releases it during the read.
 func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 	for {
 		e, ok := c.entries[off]
@@ -93,16 +128,19 @@ func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 		}
 		break
 	}
-	c.misses++
-	c.evictLocked(1)
-	e := &cacheEntry{off: off, loading: make(chan struct{})}
-	e.elem = c.lru.PushFront(e)
-	c.entries[off] = e
+	c.stats.Misses++
+	c.makeRoomLocked()
+	e := &cacheEntry{off: off, loading: make(chan struct{}), pins: 1}
+	c.addLocked(e)
+	c.stats.Loads++
+	c.stats.Loading++
+	c.stats.MaxLoading = max(c.stats.MaxLoading, c.stats.Loading)
 	ch := e.loading
 	c.mu.Unlock()
-	buf := make([]byte, c.size)
+	buf := make([]byte, c.entrySize)
 	err := block.ReadFull(c.file, buf, int64(off))
 	c.mu.Lock()
+	c.stats.Loading--
 	e.loading = nil
 	close(ch)
 	if err != nil {
@@ -110,7 +148,7 @@ func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 		return nil, fmt.Errorf("qcow2: reading %s at %#x: %w", c.name, off, err)
 	}
 	e.buf = buf
-	e.pins++
+	e.lastUse = cleanEpoch.Load()
 	return e, nil
 }
 
@@ -125,18 +163,22 @@ func (p *pinSet) releaseLocked() {
 	*p = nil
 }
 
-// insertLocked adds a fresh table (zeroed or copied by the caller) that
-// does not need reading, marked dirty.
+// insertLocked adds a fresh table that needs no reading (a new or copied
+// table), marked dirty.
 func (c *tableCache) insertLocked(off uint64, buf []byte) *cacheEntry {
 	if e, ok := c.entries[off]; ok {
-		// A stale clean copy of a cluster that was freed and reused.
+		// A stale copy of a cluster that was freed and reused.
 		c.removeLocked(e)
 	}
-	c.evictLocked(1)
-	e := &cacheEntry{off: off, buf: buf, dirty: true, gen: 1}
-	e.elem = c.lru.PushFront(e)
-	c.entries[off] = e
+	c.makeRoomLocked()
+	e := &cacheEntry{off: off, buf: buf, dirty: true, gen: 1, lastUse: cleanEpoch.Load()}
+	c.addLocked(e)
 	return e
+}
+
+func (c *tableCache) addLocked(e *cacheEntry) {
+	c.entries[e.off] = e
+	c.policy.insert(e)
 }
 
 // forgetLocked drops a table from the cache (its cluster was freed).
@@ -154,29 +196,59 @@ func (c *tableCache) markDirtyLocked(e *cacheEntry) {
 func (c *tableCache) removeLocked(e *cacheEntry) {
 	if cur, ok := c.entries[e.off]; ok && cur == e {
 		delete(c.entries, e.off)
-	}
-	if e.elem != nil {
-		c.lru.Remove(e.elem)
-		e.elem = nil
+		c.policy.remove(e)
 	}
 }
 
-// evictLocked makes room for n new entries by dropping clean, unpinned
-// entries from the cold end. When only dirty entries remain the cache
-// grows past capacity until the next flush (overfullLocked reports it).
-func (c *tableCache) evictLocked(n int) {
-	for el := c.lru.Back(); el != nil && len(c.entries)+n > c.capacity; {
-		prev := el.Prev()
-		e := el.Value.(*cacheEntry)
-		if e.pins == 0 && !e.dirty && e.loading == nil {
-			c.removeLocked(e)
-			c.evictions++
+func evictable(e *cacheEntry) bool { return e.pins == 0 && !e.dirty && e.loading == nil }
+
+// makeRoomLocked evicts so that one more entry fits, if the policy finds
+// an evictable entry; otherwise the cache overshoots until entries are
+// unpinned or flushed.
+func (c *tableCache) makeRoomLocked() {
+	if hp, ok := c.policy.(*hitCountPolicy); ok {
+		// QEMU's scan runs on every miss and may replace an occupied
+		// slot even while others are empty.
+		if v, room := hp.victim(evictable); !room && v != nil {
+			c.removeLocked(v)
+			c.stats.Evictions++
 		}
-		el = prev
+		return
+	}
+	for len(c.entries) >= c.capacity {
+		v, _ := c.policy.victim(evictable)
+		if v == nil {
+			return
+		}
+		c.removeLocked(v)
+		c.stats.Evictions++
+	}
+}
+
+// trimLocked evicts clean entries down to capacity.
+func (c *tableCache) trimLocked() {
+	for len(c.entries) > c.capacity {
+		v, _ := c.policy.victim(evictable)
+		if v == nil {
+			return
+		}
+		c.removeLocked(v)
+		c.stats.Evictions++
 	}
 }
 
 func (c *tableCache) overfullLocked() bool { return len(c.entries) > c.capacity }
+
+// dropIdleLocked evicts clean entries not used since epoch
+// (cache-clean-interval).
+func (c *tableCache) dropIdleLocked(epoch uint64) {
+	for _, e := range c.entries {
+		if evictable(e) && e.lastUse < epoch {
+			c.removeLocked(e)
+			c.stats.Evictions++
+		}
+	}
+}
 
 // dirtyLocked returns snapshots of the dirty entries for writeback.
 func (c *tableCache) dirtyLocked() []dirtyTable {
@@ -211,7 +283,114 @@ func (c *tableCache) cleanLocked(ts []dirtyTable) {
 		if t.e.gen == t.gen {
 			t.e.dirty = false
 		}
-		c.writebacks++
+		c.stats.Writebacks++
 	}
-	c.evictLocked(0)
+	c.trimLocked()
+}
+
+func (c *tableCache) statsLocked() CacheStats {
+	s := c.stats
+	s.Entries, s.Capacity, s.EntrySize = len(c.entries), c.capacity, c.entrySize
+	return s
+}
+
+// cleanEpoch advances once per cache-clean-interval tick of any image; an
+// entry whose lastUse is older than the previous tick's epoch is idle.
+var cleanEpoch atomic.Uint64
+
+// evictionPolicy decides which entry a full cache drops.
+type evictionPolicy interface {
+	insert(e *cacheEntry)
+	hit(e *cacheEntry)
+	remove(e *cacheEntry)
+	// victim returns an entry to evict, or room=true when the policy has
+	// a free place for the next insert.
+	victim(ok func(*cacheEntry) bool) (v *cacheEntry, room bool)
+}
+
+// lruPolicy evicts the least recently used entry.
+type lruPolicy struct{ l *list.List }
+
+func (p *lruPolicy) insert(e *cacheEntry) { e.elem = p.l.PushFront(e) }
+func (p *lruPolicy) hit(e *cacheEntry)    { p.l.MoveToFront(e.elem) }
+func (p *lruPolicy) remove(e *cacheEntry) { p.l.Remove(e.elem); e.elem = nil }
+func (p *lruPolicy) victim(ok func(*cacheEntry) bool) (*cacheEntry, bool) {
+	for el := p.l.Back(); el != nil; el = el.Prev() {
+		if e := el.Value.(*cacheEntry); ok(e) {
+			return e, false
+		}
+	}
+	return nil, false
+}
+
+// hitCountPolicy is QEMU's original qcow2 cache policy (before 2.3): a
+// fixed array of slots; a loaded table starts with 32 hits, every hit adds
+// one, and each replacement scan halves every count and picks the lowest
+// count, the lowest slot first. Empty slots count 0, but so do entries
+// whose counts decayed, so the scan keeps replacing the first few slots
+// and leaves later ones empty: the flat curve of QEMU's study.
+//
+// With floor set (the patched policy) counts of occupied slots never drop
+// below one, so empty slots are always taken first.
+type hitCountPolicy struct {
+	slots []*cacheEntry
+	floor bool
+	// next is the slot chosen by the last victim scan for the next insert.
+	next int
+}
+
+func (p *hitCountPolicy) insert(e *cacheEntry) {
+	e.hits = 32
+	if p.next >= 0 && p.next < len(p.slots) && p.slots[p.next] == nil {
+		e.slot = p.next
+		p.slots[p.next] = e
+		p.next = -1
+		return
+	}
+	for i, s := range p.slots {
+		if s == nil {
+			e.slot = i
+			p.slots[i] = e
+			return
+		}
+	}
+	e.slot = len(p.slots) // overshoot: grow
+	p.slots = append(p.slots, e)
+}
+
+func (p *hitCountPolicy) hit(e *cacheEntry) { e.hits++ }
+
+func (p *hitCountPolicy) remove(e *cacheEntry) {
+	if e.slot < len(p.slots) && p.slots[e.slot] == e {
+		p.slots[e.slot] = nil
+	}
+}
+
+func (p *hitCountPolicy) victim(ok func(*cacheEntry) bool) (*cacheEntry, bool) {
+	best, bestHits := -1, int(^uint(0)>>1)
+	for i, e := range p.slots {
+		h := 0
+		if e != nil {
+			if !ok(e) {
+				continue
+			}
+			h = e.hits
+			if p.floor {
+				e.hits = max(e.hits/2, 1)
+			} else {
+				e.hits /= 2
+			}
+		}
+		if h < bestHits {
+			best, bestHits = i, h
+		}
+	}
+	if best < 0 {
+		return nil, false
+	}
+	p.next = best
+	if p.slots[best] == nil {
+		return nil, true
+	}
+	return p.slots[best], false
 }

@@ -25,11 +25,13 @@ import (
 // Deflate (compression type 0, "zlib" in QEMU) is a raw RFC 1951 stream
 // without zlib header or checksum. QEMU writes it with a 4 KiB window
 // (window bits -12), and so does compressCluster: a reader that inflates
-// through a 4 KiB window can decode every stream ovis writes.
+// through a 4 KiB window can decode every stream ovis writes. Reading
+// accepts the full 32 KiB window of the format.
 //
 // Zstandard (compression type 1) is written as one frame with no length
-// prefix. A reader must accept several frames back to back and stops once
-// the cluster is full.
+// prefix; ovis's frames carry the content size and a checksum, which QEMU
+// verifies. A reader must accept several frames back to back and stops
+// once the cluster is full.
 //
 // Both functions are safe for concurrent use. Encoders and decoders are
 // kept in pools, since conversion compresses on every core at once.
@@ -261,7 +263,7 @@ func zstdCluster(src []byte) ([]byte, bool, error) {
 // zstdDecoders holds one pool per destination size class, indexed by the
 // base-2 logarithm of the largest window its decoders accept. A decoder
 // grows its history to the window a frame declares, so bounding the window
-// by the cluster bounds the memory a hostile frame can claim.
+// by twice the cluster bounds the memory a hostile frame can claim.
 var zstdDecoders [MaxClusterBits + 2]sync.Pool
 
 type zstdDecoder struct {

@@ -26,13 +26,13 @@ var compressionTypes = []struct {
 	{"zstd", CompressionZstd},
 }
 
-// testData returns n deterministic bytes of the given kind:
+// clusterData returns n deterministic bytes of the given kind:
 //
 //	zero    all zeroes
 //	repeat  a short pattern over and over
 //	text    random words from a small vocabulary: random, but compressible
 //	random  incompressible
-func testData(kind string, n int, seed uint64) []byte {
+func clusterData(kind string, n int, seed uint64) []byte {
 	r := rand.New(rand.NewPCG(seed, uint64(n)))
 	b := make([]byte, n)
 	switch kind {
@@ -83,7 +83,7 @@ func TestCompressRoundTrip(t *testing.T) {
 			n := 1 << bits
 			for _, kind := range []string{"zero", "repeat", "text", "random"} {
 				t.Run(fmt.Sprintf("%s/%d/%s", ct.name, n, kind), func(t *testing.T) {
-					src := testData(kind, n, 1)
+					src := clusterData(kind, n, 1)
 					out, ok, err := compressCluster(ct.typ, src)
 					if err != nil {
 						t.Fatal(err)
@@ -133,7 +133,7 @@ func TestDeflateWindow(t *testing.T) {
 	const n = 64 << 10
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.period), func(t *testing.T) {
-			block := testData("random", tt.period, 7)
+			block := clusterData("random", tt.period, 7)
 			src := bytes.Repeat(block, n/tt.period+1)[:n]
 			out, ok, err := compressCluster(CompressionDeflate, src)
 			if err != nil {
@@ -170,9 +170,9 @@ func zstdFrame(t testing.TB, src []byte, opts ...zstd.EOption) []byte {
 
 func TestDecompressTrailingBytes(t *testing.T) {
 	const n = 64 << 10
-	src := testData("text", n, 2)
-	next := testData("text", n, 3)
-	garbage := testData("random", 1000, 4)
+	src := clusterData("text", n, 2)
+	next := clusterData("text", n, 3)
+	garbage := clusterData("random", 1000, 4)
 	deflated := mustCompress(t, CompressionDeflate, src)
 	zstded := mustCompress(t, CompressionZstd, src)
 	half1, half2 := zstdFrame(t, src[:n/2]), zstdFrame(t, src[n/2:])
@@ -230,13 +230,13 @@ func zstdHeader(windowLog uint8) []byte {
 
 func TestDecompressErrors(t *testing.T) {
 	const n = 64 << 10
-	src := testData("text", n, 5)
+	src := clusterData("text", n, 5)
 	deflated := mustCompress(t, CompressionDeflate, src)
 	zstded := mustCompress(t, CompressionZstd, src)
 
 	// A frame that declares 256 KiB of content in a single segment: a
 	// window four times the cluster.
-	big := zstdFrame(t, testData("text", 256<<10, 6))
+	big := zstdFrame(t, clusterData("text", 256<<10, 6))
 
 	tests := []struct {
 		name    string
@@ -250,7 +250,7 @@ func TestDecompressErrors(t *testing.T) {
 		{"deflate/truncated by half", CompressionDeflate, deflated[:len(deflated)/2], n, true},
 		{"deflate/truncated by 16 bytes", CompressionDeflate, deflated[:len(deflated)-16], n, true},
 		{"deflate/short stream", CompressionDeflate, mustCompress(t, CompressionDeflate, src[:n/2]), n, true},
-		{"deflate/garbage", CompressionDeflate, testData("random", 4096, 8), n, true},
+		{"deflate/garbage", CompressionDeflate, clusterData("random", 4096, 8), n, true},
 		{"deflate/reserved block type", CompressionDeflate, []byte{0x07, 0, 0, 0}, n, true},
 		{"zstd/empty", CompressionZstd, nil, n, true},
 		{"zstd/truncated to magic", CompressionZstd, zstded[:4], n, true},
@@ -258,7 +258,7 @@ func TestDecompressErrors(t *testing.T) {
 		{"zstd/truncated by 1 byte", CompressionZstd, zstded[:len(zstded)-1], n, true},
 		{"zstd/short frame", CompressionZstd, zstdFrame(t, src[:n/2]), n, true},
 		{"zstd/short frame and garbage", CompressionZstd, append(zstdFrame(t, src[:n/2]), 1, 2, 3, 4, 5, 6, 7, 8), n, true},
-		{"zstd/garbage", CompressionZstd, testData("random", 4096, 9), n, true},
+		{"zstd/garbage", CompressionZstd, clusterData("random", 4096, 9), n, true},
 		{"zstd/checksum mismatch", CompressionZstd, flipLast(zstded), n, true},
 		{"zstd/window 1 GiB", CompressionZstd, zstdHeader(30), n, true},
 		{"zstd/window 4x cluster", CompressionZstd, zstdHeader(18), n, true},
@@ -320,7 +320,7 @@ func TestDecompressMemory(t *testing.T) {
 		t.Skip("measures allocations")
 	}
 	const n = 64 << 10
-	src := testData("text", n, 10)
+	src := clusterData("text", n, 10)
 	inputs := []struct {
 		name string
 		typ  uint8
@@ -329,9 +329,9 @@ func TestDecompressMemory(t *testing.T) {
 		{"zstd/valid", CompressionZstd, mustCompress(t, CompressionZstd, src)},
 		{"zstd/window 1 GiB", CompressionZstd, zstdHeader(30)},
 		{"zstd/window 2 GiB", CompressionZstd, zstdHeader(31)},
-		{"zstd/content 1 MiB", CompressionZstd, zstdFrame(t, testData("text", 1<<20, 11))},
+		{"zstd/content 1 MiB", CompressionZstd, zstdFrame(t, clusterData("text", 1<<20, 11))},
 		{"deflate/valid", CompressionDeflate, mustCompress(t, CompressionDeflate, src)},
-		{"deflate/garbage", CompressionDeflate, testData("random", n, 12)},
+		{"deflate/garbage", CompressionDeflate, clusterData("random", n, 12)},
 	}
 	dst := make([]byte, n)
 	for _, in := range inputs {
@@ -351,7 +351,7 @@ func TestDecompressMemory(t *testing.T) {
 		})
 	}
 	t.Run("warm", func(t *testing.T) {
-		if raceEnabled() {
+		if underRace() {
 			t.Skip("sync.Pool drops items at random under the race detector")
 		}
 		for _, in := range inputs[:1] {
@@ -368,8 +368,8 @@ func TestDecompressMemory(t *testing.T) {
 	})
 }
 
-// raceEnabled reports whether the test binary was built with -race.
-func raceEnabled() bool {
+// underRace reports whether the test binary was built with -race.
+func underRace() bool {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return false
@@ -394,7 +394,7 @@ func TestCompressConcurrent(t *testing.T) {
 				typ := compressionTypes[(g+i)%2].typ
 				n := sizes[(g*7+i)%len(sizes)]
 				kind := []string{"text", "repeat", "random"}[i%3]
-				src := testData(kind, n, uint64(g*100+i))
+				src := clusterData(kind, n, uint64(g*100+i))
 				out, ok, err := compressCluster(typ, src)
 				if err != nil {
 					errs <- err
@@ -422,8 +422,8 @@ func TestCompressConcurrent(t *testing.T) {
 	}
 }
 
-// qemuImg returns the path of qemu-img, skipping the test if it is missing.
-func qemuImg(t *testing.T) string {
+// needQemuImg returns the path of qemu-img, skipping the test if it is missing.
+func needQemuImg(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("runs qemu-img")
@@ -435,7 +435,7 @@ func qemuImg(t *testing.T) string {
 	return p
 }
 
-func run(t *testing.T, name string, args ...string) string {
+func mustRun(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {
@@ -452,15 +452,15 @@ func interopData(clusterSize int) []byte {
 	for i := range 12 {
 		switch i % 4 {
 		case 0, 1:
-			b = append(b, testData("text", clusterSize, uint64(i))...)
+			b = append(b, clusterData("text", clusterSize, uint64(i))...)
 		case 2:
 			b = append(b, make([]byte, clusterSize)...)
 		case 3:
-			b = append(b, testData("random", clusterSize, uint64(i))...)
+			b = append(b, clusterData("random", clusterSize, uint64(i))...)
 		}
 	}
 	// A partial cluster of whole sectors: QEMU rounds sizes to sectors.
-	return append(b, testData("text", (clusterSize/3+511)&^511, 99)...)
+	return append(b, clusterData("text", (clusterSize/3+511)&^511, 99)...)
 }
 
 var interopClusterBits = []uint32{9, 12, 16, 21}
@@ -468,7 +468,7 @@ var interopClusterBits = []uint32{9, 12, 16, 21}
 // TestQEMUCompressedClusters decompresses clusters that qemu-img compressed
 // and compares them with the source.
 func TestQEMUCompressedClusters(t *testing.T) {
-	qimg := qemuImg(t)
+	qimg := needQemuImg(t)
 	for _, ct := range compressionTypes {
 		for _, cb := range interopClusterBits {
 			t.Run(fmt.Sprintf("%s/%d", ct.name, 1<<cb), func(t *testing.T) {
@@ -479,7 +479,7 @@ func TestQEMUCompressedClusters(t *testing.T) {
 				if err := os.WriteFile(raw, data, 0o644); err != nil {
 					t.Fatal(err)
 				}
-				run(t, qimg, "convert", "-c", "-f", "raw", "-O", "qcow2",
+				mustRun(t, qimg, "convert", "-c", "-f", "raw", "-O", "qcow2",
 					"-o", fmt.Sprintf("cluster_size=%d,compression_type=%s", cs, map[uint8]string{0: "zlib", 1: "zstd"}[ct.typ]),
 					raw, img)
 				file, err := os.ReadFile(img)
@@ -552,7 +552,7 @@ func readGuest(t *testing.T, file []byte, typ uint8, onCompressed func(desc, off
 // compressed, packed back to back as QEMU packs them, and has qemu-img
 // check it and compare it with the source.
 func TestQEMUReadsOurClusters(t *testing.T) {
-	qimg := qemuImg(t)
+	qimg := needQemuImg(t)
 	for _, ct := range compressionTypes {
 		for _, cb := range interopClusterBits {
 			t.Run(fmt.Sprintf("%s/%d", ct.name, 1<<cb), func(t *testing.T) {
@@ -569,8 +569,8 @@ func TestQEMUReadsOurClusters(t *testing.T) {
 				if err := os.WriteFile(img, file, 0o644); err != nil {
 					t.Fatal(err)
 				}
-				run(t, qimg, "check", "-f", "qcow2", img)
-				run(t, qimg, "compare", "-f", "qcow2", "-F", "raw", img, raw)
+				mustRun(t, qimg, "check", "-f", "qcow2", img)
+				mustRun(t, qimg, "compare", "-f", "qcow2", "-F", "raw", img, raw)
 				// And our own reader agrees.
 				got := readGuest(t, file, ct.typ, func(desc, off, n int64) {})
 				if !bytes.Equal(got[:len(data)], data) {
@@ -681,7 +681,7 @@ func buildCompressedImage(t *testing.T, clusterBits uint32, typ uint8, data []by
 func BenchmarkCompressCluster(b *testing.B) {
 	for _, ct := range compressionTypes {
 		for _, n := range []int{64 << 10, 2 << 20} {
-			src := testData("text", n, 13)
+			src := clusterData("text", n, 13)
 			b.Run(fmt.Sprintf("%s/%d", ct.name, n), func(b *testing.B) {
 				b.SetBytes(int64(n))
 				b.ReportAllocs()
@@ -700,7 +700,7 @@ func BenchmarkCompressCluster(b *testing.B) {
 func BenchmarkDecompressCluster(b *testing.B) {
 	for _, ct := range compressionTypes {
 		for _, n := range []int{64 << 10, 2 << 20} {
-			src := mustCompress(b, ct.typ, testData("text", n, 14))
+			src := mustCompress(b, ct.typ, clusterData("text", n, 14))
 			b.Run(fmt.Sprintf("%s/%d", ct.name, n), func(b *testing.B) {
 				b.SetBytes(int64(n))
 				b.ReportAllocs()
@@ -725,7 +725,7 @@ func FuzzDecompress(f *testing.F) {
 	for _, ct := range compressionTypes {
 		for _, bits := range []uint8{0, 3, 7} {
 			n := 512 << bits
-			out := mustCompress(f, ct.typ, testData("text", n, uint64(bits)))
+			out := mustCompress(f, ct.typ, clusterData("text", n, uint64(bits)))
 			f.Add(ct.typ, bits, out)
 			f.Add(ct.typ, bits, out[:len(out)/2])
 		}

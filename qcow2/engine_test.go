@@ -33,8 +33,13 @@ func TestEngineSmoke(t *testing.T) {
 		{"lazy", CreateOptions{LazyRefcounts: true}},
 		{"tinycache512", CreateOptions{ClusterSize: 512}},
 		{"tinycache4k-extl2", CreateOptions{ClusterSize: 16384, ExtendedL2: true}},
+		{"slices", CreateOptions{ClusterSize: 65536}},
+		{"slices-extl2", CreateOptions{ClusterSize: 65536, ExtendedL2: true}},
+		{"hitcount", CreateOptions{ClusterSize: 4096}},
+		{"hitcount-floor", CreateOptions{ClusterSize: 4096}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
 			path := filepath.Join(dir, "a.qcow2")
 			o := tc.o
@@ -48,6 +53,13 @@ func TestEngineSmoke(t *testing.T) {
 				// Two L2 tables and four refcount blocks: every path
 				// that drops the lock to load a table gets exercised.
 				opts = Options{L2CacheSize: 2 * o.ClusterSize, RefcountCacheSize: 4 * o.ClusterSize}
+			}
+			if strings.HasPrefix(tc.name, "slices") {
+				// Two 4 KiB slices of 64 KiB L2 tables.
+				opts = Options{L2CacheSize: 8192, L2CacheEntrySize: 4096}
+			}
+			if strings.HasPrefix(tc.name, "hitcount") {
+				opts = Options{L2CacheSize: 3 * o.ClusterSize, L2CachePolicy: tc.name}
 			}
 			img, err := Open(path, opts)
 			if err != nil {

@@ -89,7 +89,7 @@ func (img *Image) flushLocked() error {
 			}
 			// A freed table must not be served from the cache once its
 			// cluster is reused.
-			img.l2.forgetLocked(frees[i])
+			img.forgetTableLocked(frees[i])
 			img.rc.forgetLocked(frees[i])
 		}
 		return nil

@@ -45,6 +45,8 @@ type Image struct {
 	clusterBits  uint32
 	clusterSize  int64
 	l2Entries    int64
+	sliceSize    int64 // L2 cache entry size (l2-cache-entry-size)
+	slEntries    int64 // L2 entries per slice
 	extL2        bool
 	subSize      int64 // subcluster size (== clusterSize without extended L2)
 	nsub         int   // subclusters per cluster (1 without extended L2)
@@ -160,9 +162,14 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 
-	l2Cache, rcCache := img.cacheCapacities(o)
-	img.l2 = newTableCache("L2 table", f, int(img.clusterSize), l2Cache, &img.mu)
-	img.rc = newTableCache("refcount block", f, int(img.clusterSize), rcCache, &img.mu)
+	l2n, slice, rcn, err := o.cacheSizes(img.clusterSize, img.size, h.L2EntrySize())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	img.sliceSize = slice
+	img.slEntries = slice / int64(h.L2EntrySize())
+	img.l2 = newTableCache("L2 table", f, int(slice), l2n, o.L2CachePolicy, &img.mu)
+	img.rc = newTableCache("refcount block", f, int(img.clusterSize), rcn, PolicyLRU, &img.mu)
 
 	ok := false
 	defer func() {
@@ -197,25 +204,6 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 	}
 	ok = true
 	return img, nil
-}
-
-// cacheCapacities returns the L2 and refcount cache sizes in tables, with
-// QEMU's defaults: the L2 cache covers the whole disk up to 32 MiB, never
-// more than all L2 tables; the refcount cache is four clusters.
-func (img *Image) cacheCapacities(o Options) (int, int) {
-	cs := img.clusterSize
-	allL2 := int64(len(img.l1))
-	l2Bytes := o.L2CacheSize
-	if l2Bytes <= 0 {
-		l2Bytes = min(32<<20, allL2*cs)
-	}
-	l2n := max(l2Bytes/cs, 2)
-	l2n = min(l2n, max(allL2, 2))
-	rcBytes := o.RefcountCacheSize
-	if rcBytes <= 0 {
-		rcBytes = 4 * cs
-	}
-	return int(l2n), int(max(rcBytes/cs, 4))
 }
 
 // loadTables reads the L1 and refcount tables, checked against the file.
@@ -307,6 +295,13 @@ func (img *Image) BackingPath() string {
 		return ""
 	}
 	return img.resolve(img.hdr.BackingFile)
+}
+
+// CacheStats returns the counters of the L2 and refcount caches.
+func (img *Image) CacheStats() (l2, refcount CacheStats) {
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	return img.l2.statsLocked(), img.rc.statsLocked()
 }
 
 // Close flushes, marks the image clean and closes its files and its

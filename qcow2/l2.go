@@ -37,11 +37,25 @@ func (img *Image) lookupLocked(c int64) (mapping, error) {
 	if l2off == 0 {
 		return mapping{}, nil
 	}
-	e, err := img.l2.peekLocked(l2off)
+	soff, sidx := img.sliceOf(l2off, idx)
+	e, err := img.l2.peekLocked(soff)
 	if err != nil {
 		return mapping{}, err
 	}
-	return img.readEntry(e.buf, idx), nil
+	return img.readEntry(e.buf, sidx), nil
+}
+
+// sliceOf returns the host offset of the L2 cache slice holding entry idx
+// of the L2 table at l2off, and the entry's index in that slice.
+func (img *Image) sliceOf(l2off uint64, idx int64) (uint64, int64) {
+	return l2off + uint64(idx/img.slEntries*img.sliceSize), idx % img.slEntries
+}
+
+// forgetTableLocked drops every cached slice of the table at off.
+func (img *Image) forgetTableLocked(off uint64) {
+	for s := int64(0); s < img.clusterSize; s += img.sliceSize {
+		img.l2.forgetLocked(off + uint64(s))
+	}
 }
 
 func (img *Image) readEntry(buf []byte, idx int64) mapping {

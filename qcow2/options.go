@@ -16,12 +16,29 @@ type Options struct {
 	// as zeros (qemu-img's -U/--image-opts backing=null, used by
 	// info and by rebase -u).
 	NoBacking bool
-	// L2CacheSize is the L2 cache size in bytes. The default (0) covers the
-	// whole disk up to 32 MiB, as QEMU's does.
+	// L2CacheSize is the L2 cache size in bytes (QEMU's l2-cache-size).
+	// The default (0) covers the whole disk up to 32 MiB, as QEMU's does;
+	// it is never larger than all L2 tables together.
 	L2CacheSize int64
-	// RefcountCacheSize is the refcount block cache size in bytes. The
-	// default (0) is four clusters.
+	// L2CacheEntrySize is the size of one L2 cache entry, a power of two
+	// from 512 bytes to the cluster size (l2-cache-entry-size). Entries
+	// smaller than a cluster cache slices of L2 tables. The default (0) is
+	// the cluster size.
+	L2CacheEntrySize int64
+	// RefcountCacheSize is the refcount block cache size in bytes
+	// (refcount-cache-size). The default (0) is four clusters.
 	RefcountCacheSize int64
+	// CacheSize caps L2 and refcount caches together (cache-size), split
+	// as QEMU splits it. It may not be set together with both of the
+	// above.
+	CacheSize int64
+	// L2CachePolicy is the L2 cache eviction policy: "lru" (the default),
+	// "hitcount" (QEMU's original) or "hitcount-floor" (its patched form).
+	L2CachePolicy string
+	// CacheCleanInterval, in seconds, drops cache entries unused for that
+	// long (cache-clean-interval). 0 disables it, the default here; QEMU
+	// defaults to 600.
+	CacheCleanInterval int
 	// OpenFile opens the image's own file, its data file and backing
 	// files. nil means block.OpenFile.
 	OpenFile func(name string, readOnly bool) (block.File, error)
@@ -153,4 +170,59 @@ func (o *CreateOptions) validate() error {
 		return fmt.Errorf("Image size must be less than 8 EiB!")
 	}
 	return nil
+}
+
+// cacheSizes resolves QEMU's cache options for an image: the L2 cache in
+// entries of entrySize bytes and the refcount cache in clusters.
+func (o *Options) cacheSizes(clusterSize, virtualSize int64, l2EntryBytes int) (l2Entries int, entrySize int64, rcEntries int, err error) {
+	entrySize = o.L2CacheEntrySize
+	if entrySize == 0 {
+		entrySize = clusterSize
+	}
+	if entrySize < 512 || entrySize > clusterSize || entrySize&(entrySize-1) != 0 {
+		return 0, 0, 0, fmt.Errorf("L2 cache entry size must be a power of two between 512 and the cluster size (%d)", clusterSize)
+	}
+	switch o.L2CachePolicy {
+	case "", PolicyLRU, PolicyHitCount, PolicyHitCountFloor:
+	default:
+		return 0, 0, 0, fmt.Errorf("unknown L2 cache policy %q (want lru, hitcount or hitcount-floor)", o.L2CachePolicy)
+	}
+	maxL2 := (virtualSize + clusterSize - 1) / clusterSize * int64(l2EntryBytes)
+	maxL2 = (maxL2 + clusterSize - 1) / clusterSize * clusterSize
+	minRC := 4 * clusterSize
+	l2, rc := o.L2CacheSize, o.RefcountCacheSize
+	if l2 < 0 || rc < 0 || o.CacheSize < 0 {
+		return 0, 0, 0, fmt.Errorf("cache sizes must not be negative")
+	}
+	if o.CacheSize > 0 {
+		switch {
+		case l2 > 0 && rc > 0:
+			return 0, 0, 0, fmt.Errorf("cache-size, l2-cache-size and refcount-cache-size may not be set at the same time")
+		case l2 > o.CacheSize:
+			return 0, 0, 0, fmt.Errorf("l2-cache-size may not exceed cache-size")
+		case rc > o.CacheSize:
+			return 0, 0, 0, fmt.Errorf("refcount-cache-size may not exceed cache-size")
+		case l2 > 0:
+			rc = o.CacheSize - l2
+		case rc > 0:
+			l2 = o.CacheSize - rc
+		case o.CacheSize >= maxL2+minRC:
+			l2, rc = maxL2, o.CacheSize-maxL2
+		default:
+			rc = min(o.CacheSize, minRC)
+			l2 = o.CacheSize - rc
+		}
+	} else {
+		if l2 == 0 {
+			l2 = min(maxL2, 32<<20)
+		}
+		if rc == 0 {
+			rc = minRC
+		}
+	}
+	// Never more than all L2 tables need.
+	l2 = min(l2, max(maxL2, 2*entrySize))
+	l2Entries = int(max(l2/entrySize, 2))
+	rcEntries = int(max(rc/clusterSize, 4))
+	return l2Entries, entrySize, rcEntries, nil
 }

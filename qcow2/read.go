@@ -24,6 +24,11 @@ func (img *Image) mapRangeLocked(off, n int64, segs []segment) ([]segment, error
 	for n > 0 && len(segs) < maxSegments {
 		c := off >> img.clusterBits
 		m, err := img.lookupLocked(c)
+		if _, ok := isNeedLoad(err); ok && len(segs) > 0 {
+			// Serve what is mapped; the rest comes in the next pass,
+			// so one request pins at most one table at a time.
+			return segs, nil
+		}
 		if err != nil {
 			return segs, err
 		}

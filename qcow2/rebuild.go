@@ -259,7 +259,7 @@ func (img *Image) rebuildRefcountsLocked() error {
 	}
 	img.refTable = table
 	clear(img.rtDirty)
-	img.rc = newTableCache(img.rc.name, img.file, int(cs), img.rc.capacity, &img.mu)
+	img.rc = newTableCache(img.rc.name, img.file, int(cs), img.rc.capacity, PolicyLRU, &img.mu)
 	img.freeHint, img.compTail = 1, 0
 	return img.fixCopiedLocked(refs)
 }
@@ -308,7 +308,7 @@ func (img *Image) fixCopiedLocked(refs []uint32) error {
 			}
 		}
 		if changed {
-			img.l2.forgetLocked(off)
+			img.forgetTableLocked(off)
 			if _, err := img.file.WriteAt(buf, int64(off)); err != nil {
 				return fmt.Errorf("qcow2: writing L2 table at %#x: %w", off, err)
 			}

@@ -191,51 +191,61 @@ func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
 	return true, img.allocWrite(c, in, p)
 }
 
-// writableL2Locked returns guest cluster c's L2 table, allocating it or
-// copying it away from a snapshot first, and the entry's index.
+// writableL2Locked returns the L2 cache slice holding guest cluster c's
+// entry and the entry's index in it, first allocating the L2 table or
+// copying it away from a snapshot.
 func (img *Image) writableL2Locked(c int64) (*cacheEntry, int64, error) {
 	l1i, idx, l2off := img.l2SlotLocked(c)
 	if l1i >= len(img.l1) {
 		return nil, 0, fmt.Errorf("qcow2: guest cluster %d beyond the L1 table", c)
 	}
-	if l2off == 0 {
-		off, err := img.allocClusterLocked()
+	if l2off != 0 && img.l1[l1i]&flagCopied == 0 {
+		rc, err := img.refcountLocked(int64(l2off) >> img.clusterBits)
 		if err != nil {
 			return nil, 0, err
 		}
-		e := img.l2.insertLocked(off, make([]byte, img.clusterSize))
-		img.l1[l1i] = off | flagCopied
-		img.l1Dirty[l1i] = struct{}{}
-		return e, idx, nil
+		if rc == 1 {
+			img.l1[l1i] |= flagCopied
+			img.l1Dirty[l1i] = struct{}{}
+		}
 	}
-	if img.l1[l1i]&flagCopied != 0 {
-		e, err := img.l2.peekLocked(l2off)
-		return e, idx, err
+	if l2off != 0 && img.l1[l1i]&flagCopied != 0 {
+		soff, sidx := img.sliceOf(l2off, idx)
+		e, err := img.l2.peekLocked(soff)
+		return e, sidx, err
 	}
-	rc, err := img.refcountLocked(int64(l2off) >> img.clusterBits)
-	if err != nil {
-		return nil, 0, err
+	// A new table, or a copy of one shared with a snapshot. The clusters a
+	// copy maps keep their refcounts: the snapshot's table still
+	// references them too.
+	var old [][]byte
+	if l2off != 0 {
+		for s := int64(0); s < img.clusterSize; s += img.sliceSize {
+			e, err := img.l2.peekLocked(l2off + uint64(s))
+			if err != nil {
+				return nil, 0, err
+			}
+			old = append(old, e.buf)
+		}
 	}
-	old, err := img.l2.peekLocked(l2off)
-	if err != nil {
-		return nil, 0, err
-	}
-	if rc == 1 {
-		img.l1[l1i] |= flagCopied
-		img.l1Dirty[l1i] = struct{}{}
-		return old, idx, nil
-	}
-	// Shared with a snapshot: copy it. The clusters it maps keep their
-	// refcounts, since the snapshot's table still references them too.
 	off, err := img.allocClusterLocked()
 	if err != nil {
 		return nil, 0, err
 	}
-	e := img.l2.insertLocked(off, append([]byte(nil), old.buf...))
+	for i, s := 0, int64(0); s < img.clusterSize; i, s = i+1, s+img.sliceSize {
+		buf := make([]byte, img.sliceSize)
+		if old != nil {
+			copy(buf, old[i])
+		}
+		img.l2.insertLocked(off+uint64(s), buf)
+	}
 	img.l1[l1i] = off | flagCopied
 	img.l1Dirty[l1i] = struct{}{}
-	img.pendingFree = append(img.pendingFree, l2off)
-	return e, idx, nil
+	if l2off != 0 {
+		img.pendingFree = append(img.pendingFree, l2off)
+	}
+	soff, sidx := img.sliceOf(off, idx)
+	e, err := img.l2.peekLocked(soff)
+	return e, sidx, err
 }
 
 // setEntryLocked stores guest cluster c's new L2 entry in its (writable)

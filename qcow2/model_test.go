@@ -1,0 +1,1108 @@
+package qcow2
+
+// Model-based property tests: random operations run against the engine and
+// against a flat in-memory copy of the guest disk; the two must never differ,
+// and qemu-img check must find neither errors nor leaks.
+//
+// The number of rapid checks is lowered inside the tests (unless -rapid.checks
+// or RAPID_CHECKS is given) so that the default run stays short, also with
+// -race. Reproduce a failure with -rapid.seed=N or the failfile rapid prints.
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ovis-storage/ovis/block"
+	"pgregory.net/rapid"
+)
+
+// ---------------------------------------------------------------------------
+// Limits
+
+// mdlUserChecks reports whether the user chose the number of rapid checks.
+// It is computed once, before any test changes the flag.
+var mdlUserFlags = sync.OnceValue(func() map[string]bool {
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, env := range map[string]string{"rapid.checks": "RAPID_CHECKS", "rapid.nofailfile": "RAPID_NOFAILFILE", "rapid.shrinktime": "RAPID_SHRINKTIME"} {
+		if _, ok := os.LookupEnv(env); ok {
+			set[name] = true
+		}
+	}
+	return set
+})
+
+// mdlSetFlag sets a rapid flag unless the user chose it, and returns a
+// function restoring it.
+func mdlSetFlag(name, value string) func() {
+	fl := flag.Lookup(name)
+	if mdlUserFlags()[name] || fl == nil {
+		return func() {}
+	}
+	old := fl.Value.String()
+	if err := fl.Value.Set(value); err != nil {
+		return func() {}
+	}
+	return func() { fl.Value.Set(old) }
+}
+
+// mdlCheck runs rapid.Check with n checks unless the user chose a number.
+// Fail files are not written (they would land in the source tree); the
+// failure message names the seed instead. Shrinking is bounded.
+func mdlCheck(t *testing.T, n int, prop func(*rapid.T)) {
+	t.Helper()
+	defer mdlSetFlag("rapid.checks", strconv.Itoa(n))()
+	defer mdlSetFlag("rapid.nofailfile", "true")()
+	defer mdlSetFlag("rapid.shrinktime", "20s")()
+	rapid.Check(t, prop)
+}
+
+// mdlStrict (OVIS_MODEL_STRICT=1) turns off the workarounds for the engine
+// bugs that the TestRepro tests at the end reproduce.
+var mdlStrict = os.Getenv("OVIS_MODEL_STRICT") == "1"
+
+// ---------------------------------------------------------------------------
+// Configuration
+
+type mdlConfig struct {
+	ClusterSize   int64
+	Compat        string
+	RefcountBits  int
+	ExtendedL2    bool
+	Lazy          bool
+	Compression   string
+	Size          int64
+	Backing       string // "", "raw-go", "raw-qemu", "qcow2-go", "qcow2-qemu"
+	BackingSize   int64
+	BackingFormat string
+	BackingAbs    bool
+	DataFile      bool
+	DataFileRaw   bool
+	// QemuCreate creates the image with qemu-img instead of Create.
+	QemuCreate bool
+	// Forced is set when QemuCreate works around a known Create bug.
+	Forced string
+}
+
+func (c mdlConfig) String() string {
+	s := fmt.Sprintf("cluster_size=%d compat=%s refcount_bits=%d extended_l2=%v lazy_refcounts=%v compression_type=%s size=%d",
+		c.ClusterSize, c.Compat, c.RefcountBits, c.ExtendedL2, c.Lazy, c.Compression, c.Size)
+	if c.Backing != "" {
+		s += fmt.Sprintf(" backing=%s(size=%d fmt=%q abs=%v)", c.Backing, c.BackingSize, c.BackingFormat, c.BackingAbs)
+	}
+	if c.DataFile {
+		s += fmt.Sprintf(" data_file=yes data_file_raw=%v", c.DataFileRaw)
+	}
+	if c.QemuCreate {
+		s += " created_by=qemu-img"
+		if c.Forced != "" {
+			s += "(" + c.Forced + ")"
+		}
+	}
+	return s
+}
+
+// create makes the image under test at path.
+func (c mdlConfig) create(path, backing string) error {
+	dir := filepath.Dir(path)
+	o := c.createOptions(dir, backing)
+	if !c.QemuCreate {
+		return Create(path, o)
+	}
+	opts := []string{
+		"cluster_size=" + strconv.FormatInt(o.ClusterSize, 10),
+		"compat=" + o.Compat,
+		"refcount_bits=" + strconv.Itoa(o.RefcountBits),
+		"compression_type=" + o.CompressionType,
+	}
+	if o.ExtendedL2 {
+		opts = append(opts, "extended_l2=on")
+	}
+	if o.LazyRefcounts {
+		opts = append(opts, "lazy_refcounts=on")
+	}
+	if o.DataFile != "" {
+		opts = append(opts, "data_file="+o.DataFile)
+		if o.DataFileRaw {
+			opts = append(opts, "data_file_raw=on")
+		}
+	}
+	args := []string{"create", "-q", "-f", "qcow2", "-o", strings.Join(opts, ",")}
+	if o.BackingFile != "" {
+		args = append(args, "-b", o.BackingFile, "-F", o.BackingFormat)
+	}
+	args = append(args, filepath.Base(path), strconv.FormatInt(o.Size, 10))
+	// Relative backing and data file names resolve against the image's
+	// folder for qemu-img create only when run there.
+	cmd := exec.Command("qemu-img", args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("qemu-img %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (c mdlConfig) v2() bool { return c.Compat == "0.10" }
+
+// createOptions returns the options for the image under test in dir.
+func (c mdlConfig) createOptions(dir, backing string) CreateOptions {
+	o := CreateOptions{
+		Size:            c.Size,
+		ClusterSize:     c.ClusterSize,
+		Compat:          c.Compat,
+		LazyRefcounts:   c.Lazy,
+		RefcountBits:    c.RefcountBits,
+		ExtendedL2:      c.ExtendedL2,
+		CompressionType: c.Compression,
+	}
+	if backing != "" {
+		o.BackingFile = filepath.Base(backing)
+		if c.BackingAbs {
+			o.BackingFile = backing
+		}
+		o.BackingFormat = c.BackingFormat
+	}
+	if c.DataFile {
+		o.DataFile = "data.raw"
+		o.DataFileRaw = c.DataFileRaw
+	}
+	return o
+}
+
+// mdlDrawConfig draws an image configuration. maxSize bounds the virtual
+// size.
+func mdlDrawConfig(t *rapid.T, maxSize int64) mdlConfig {
+	var c mdlConfig
+	c.ClusterSize = rapid.SampledFrom([]int64{512, 4096, 65536}).Draw(t, "cluster_size")
+	c.Compat = rapid.SampledFrom([]string{"1.1", "0.10"}).Draw(t, "compat")
+	c.RefcountBits = 16
+	c.Compression = "zlib"
+	if !c.v2() {
+		c.RefcountBits = rapid.SampledFrom([]int{16, 1, 64}).Draw(t, "refcount_bits")
+		if c.ClusterSize >= 16384 {
+			c.ExtendedL2 = rapid.Bool().Draw(t, "extended_l2")
+		}
+		c.Lazy = rapid.Bool().Draw(t, "lazy_refcounts")
+		c.Compression = rapid.SampledFrom([]string{"zlib", "zstd"}).Draw(t, "compression_type")
+	}
+	// 256 KiB .. maxSize, in sectors; sometimes cluster aligned.
+	sectors := rapid.Int64Range(512, maxSize/512).Draw(t, "size_sectors")
+	c.Size = sectors * 512
+	if rapid.Bool().Draw(t, "size_cluster_aligned") {
+		c.Size = max(c.ClusterSize, c.Size&^(c.ClusterSize-1))
+	}
+	c.Backing = rapid.SampledFrom([]string{"", "raw-go", "raw-qemu", "qcow2-go", "qcow2-qemu"}).Draw(t, "backing")
+	if c.Backing != "" {
+		// Smaller, equal or larger than the image.
+		switch rapid.IntRange(0, 2).Draw(t, "backing_size_kind") {
+		case 0:
+			c.BackingSize = c.Size
+		case 1:
+			c.BackingSize = rapid.Int64Range(1, c.Size/512).Draw(t, "backing_sectors") * 512
+		case 2:
+			c.BackingSize = c.Size + rapid.Int64Range(1, 2048).Draw(t, "backing_extra_sectors")*512
+		}
+		c.BackingFormat = "raw"
+		if strings.HasPrefix(c.Backing, "qcow2") {
+			c.BackingFormat = rapid.SampledFrom([]string{"qcow2", ""}).Draw(t, "backing_fmt")
+		}
+		c.BackingAbs = rapid.Bool().Draw(t, "backing_abs")
+	}
+	if !c.v2() {
+		c.DataFile = rapid.IntRange(0, 3).Draw(t, "data_file") == 0
+		if c.DataFile && c.Backing == "" {
+			c.DataFileRaw = rapid.Bool().Draw(t, "data_file_raw")
+		}
+	}
+	// qemu-img create needs the backing format.
+	if c.Backing == "" || c.BackingFormat != "" {
+		c.QemuCreate = rapid.IntRange(0, 3).Draw(t, "qemu_create") == 0
+	}
+	if !mdlStrict && !c.v2() && c.ClusterSize == 512 && (c.Backing != "" || c.DataFile) {
+		// Create fails here (TestReproCreateV3Cluster512WithBacking).
+		if c.Backing != "" && c.BackingFormat == "" {
+			c.BackingFormat = "qcow2"
+		}
+		c.QemuCreate, c.Forced = true, "forced: Create bug"
+	}
+	return c
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+// mdlFill returns n bytes of one of several shapes: random, constant,
+// zeros, or compressible text-like runs.
+func mdlFill(kind int, seed uint64, n int64) []byte {
+	p := make([]byte, n)
+	r := rand.New(rand.NewSource(int64(seed)))
+	switch kind {
+	case 0: // random
+		r.Read(p)
+	case 1: // constant
+		b := byte(seed) | 1
+		for i := range p {
+			p[i] = b
+		}
+	case 2: // zeros
+	default: // compressible: short random runs
+		for i := int64(0); i < n; {
+			run := int64(r.Intn(64) + 1)
+			b := byte(r.Intn(8)) + 'a'
+			for j := int64(0); j < run && i < n; j++ {
+				p[i] = b
+				i++
+			}
+		}
+	}
+	return p
+}
+
+// mdlDiff describes the first difference between got and want, which
+// start at guest offset off.
+func mdlDiff(got, want []byte, off, cs int64) string {
+	if bytes.Equal(got, want) {
+		return ""
+	}
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	j := i
+	for j < len(got) && j < len(want) && got[j] != want[j] {
+		j++
+	}
+	at := off + int64(i)
+	end := min(i+16, len(got), len(want))
+	return fmt.Sprintf("first difference at guest offset %d (cluster %d, +%d), %d differing bytes from there; got % x, want % x",
+		at, at/cs, at%cs, j-i, got[i:end], want[i:end])
+}
+
+// mdlQemuCheck runs qemu-img check and returns an error on errors, leaks
+// or failure to check.
+func mdlQemuCheck(path string) error {
+	// QEMU 7.2 resolves a relative data-file name against its working
+	// directory, the engine against the image's folder: run it there.
+	cmd := exec.Command("qemu-img", "check", filepath.Base(path))
+	cmd.Dir = filepath.Dir(path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img check %s: %v\n%s", filepath.Base(path), err, out)
+	}
+	return nil
+}
+
+func mdlHaveQemu(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"qemu-img", "qemu-io"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed (apt-get install -y qemu-utils)", p)
+		}
+	}
+}
+
+func mdlRun(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// mdlMakeBacking creates the backing file of c in dir with random content
+// and returns its path and its contents.
+func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
+	content := make([]byte, c.BackingSize)
+	bs := c.BackingSize
+	switch c.Backing {
+	case "raw-go":
+		path := filepath.Join(dir, "base.raw")
+		nw := rapid.IntRange(0, 8).Draw(t, "base_writes")
+		for i := 0; i < nw; i++ {
+			off := rapid.Int64Range(0, bs-1).Draw(t, "base_off")
+			n := rapid.Int64Range(1, min(bs-off, 256<<10)).Draw(t, "base_len")
+			copy(content[off:], mdlFill(rapid.IntRange(0, 3).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n))
+		}
+		if err := os.WriteFile(path, content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path, content
+	case "raw-qemu", "qcow2-qemu":
+		format, path := "raw", filepath.Join(dir, "base.raw")
+		args := []string{"create", "-q", "-f", "raw", path, strconv.FormatInt(bs, 10)}
+		var bcs int64 = 512
+		if c.Backing == "qcow2-qemu" {
+			format, path = "qcow2", filepath.Join(dir, "base.qcow2")
+			bcs = rapid.SampledFrom([]int64{512, 4096, 65536}).Draw(t, "base_cluster_size")
+			compat := rapid.SampledFrom([]string{"1.1", "0.10"}).Draw(t, "base_compat")
+			args = []string{"create", "-q", "-f", "qcow2", "-o", fmt.Sprintf("cluster_size=%d,compat=%s", bcs, compat), path, strconv.FormatInt(bs, 10)}
+		}
+		if err := mdlRun("qemu-img", args...); err != nil {
+			t.Fatal(err)
+		}
+		io := []string{"-f", format}
+		// QEMU writes compressed clusters only where nothing is allocated.
+		touched := map[int64]bool{}
+		touch := func(off, n int64) {
+			for c := off / bcs; c <= (off+n-1)/bcs; c++ {
+				touched[c] = true
+			}
+		}
+		nw := rapid.IntRange(0, 8).Draw(t, "base_writes")
+		for i := 0; i < nw; i++ {
+			pat := rapid.IntRange(1, 255).Draw(t, "base_pattern")
+			kind := rapid.IntRange(0, 2).Draw(t, "base_kind")
+			if kind == 2 && format == "qcow2" && bs >= bcs {
+				// Compressed write of a whole, untouched cluster.
+				cl := rapid.Int64Range(0, bs/bcs-1).Draw(t, "base_cluster")
+				off, n := cl*bcs, bcs
+				if touched[cl] {
+					continue
+				}
+				touch(off, n)
+				io = append(io, "-c", fmt.Sprintf("write -c -P %d %d %d", pat, off, n))
+				for j := off; j < off+n; j++ {
+					content[j] = byte(pat)
+				}
+				continue
+			}
+			off := rapid.Int64Range(0, bs/512-1).Draw(t, "base_sector") * 512
+			n := rapid.Int64Range(1, min((bs-off)/512, 512)).Draw(t, "base_sectors") * 512
+			touch(off, n)
+			if kind == 1 {
+				io = append(io, "-c", fmt.Sprintf("write -z %d %d", off, n))
+				clear(content[off : off+n])
+			} else {
+				io = append(io, "-c", fmt.Sprintf("write -P %d %d %d", pat, off, n))
+				for j := off; j < off+n; j++ {
+					content[j] = byte(pat)
+				}
+			}
+		}
+		if nw > 0 {
+			if err := mdlRun("qemu-io", append(io, path)...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return path, content
+	case "qcow2-go":
+		path := filepath.Join(dir, "base.qcow2")
+		o := CreateOptions{
+			Size:        bs,
+			ClusterSize: rapid.SampledFrom([]int64{512, 4096, 65536}).Draw(t, "base_cluster_size"),
+			Compat:      rapid.SampledFrom([]string{"1.1", "0.10"}).Draw(t, "base_compat"),
+		}
+		if err := Create(path, o); err != nil {
+			t.Fatalf("creating base: %v", err)
+		}
+		img, err := Open(path, Options{})
+		if err != nil {
+			t.Fatalf("opening base: %v", err)
+		}
+		nw := rapid.IntRange(0, 8).Draw(t, "base_writes")
+		for i := 0; i < nw; i++ {
+			off := rapid.Int64Range(0, bs-1).Draw(t, "base_off")
+			n := rapid.Int64Range(1, min(bs-off, 256<<10)).Draw(t, "base_len")
+			if rapid.IntRange(0, 3).Draw(t, "base_kind") == 0 {
+				if err := img.WriteZeroes(off, n, true, false); err != nil {
+					t.Fatalf("base zero: %v", err)
+				}
+				clear(content[off : off+n])
+				continue
+			}
+			p := mdlFill(rapid.IntRange(0, 3).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n)
+			if _, err := img.WriteAt(p, off, false); err != nil {
+				t.Fatalf("base write: %v", err)
+			}
+			copy(content[off:], p)
+		}
+		if err := img.Close(); err != nil {
+			t.Fatalf("closing base: %v", err)
+		}
+		return path, content
+	}
+	t.Fatalf("unknown backing kind %q", c.Backing)
+	return "", nil
+}
+
+// ---------------------------------------------------------------------------
+// The model
+
+type mdlModel struct {
+	cfg  mdlConfig
+	disk []byte // expected guest contents
+	base []byte // backing contents over the virtual size (zeros beyond the backing file)
+}
+
+func newMdlModel(c mdlConfig, backing []byte) *mdlModel {
+	m := &mdlModel{cfg: c, disk: make([]byte, c.Size), base: make([]byte, c.Size)}
+	copy(m.base, backing)
+	copy(m.disk, m.base)
+	return m
+}
+
+func (m *mdlModel) write(p []byte, off int64) { copy(m.disk[off:], p) }
+
+func (m *mdlModel) zero(off, n int64) { clear(m.disk[off : off+n]) }
+
+// discardRange returns the guest clusters [first, last) that Discard(off,
+// n) drops: the whole clusters inside the range, where the range reaching
+// the end of the disk covers the last (partial) cluster.
+func mdlDiscardRange(off, n, size, cs int64) (int64, int64) {
+	end := off + n
+	first := (off + cs - 1) / cs
+	last := end / cs
+	if end == size {
+		last = (end + cs - 1) / cs
+	}
+	return first, last
+}
+
+func (m *mdlModel) discard(off, n int64) {
+	if m.cfg.DataFile {
+		return
+	}
+	cs := m.cfg.ClusterSize
+	first, last := mdlDiscardRange(off, n, m.cfg.Size, cs)
+	for c := first; c < last; c++ {
+		s, e := c*cs, min((c+1)*cs, m.cfg.Size)
+		if m.cfg.v2() && m.cfg.Backing != "" {
+			copy(m.disk[s:e], m.base[s:e])
+		} else {
+			clear(m.disk[s:e])
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Drawing ranges
+
+// mdlDrawRange draws a non-empty range inside a disk of the given size:
+// sub-cluster, cross-cluster, whole clusters, sector aligned, arbitrary or
+// reaching the end of the disk.
+func mdlDrawRange(t *rapid.T, label string, size, cs int64) (int64, int64) {
+	nclusters := (size + cs - 1) / cs
+	maxLen := max(4*cs, 64<<10)
+	var off, n int64
+	switch rapid.IntRange(0, 5).Draw(t, label+"_kind") {
+	case 0: // inside one cluster
+		c := rapid.Int64Range(0, nclusters-1).Draw(t, label+"_cluster")
+		in := rapid.Int64Range(0, cs-1).Draw(t, label+"_in")
+		off = min(c*cs+in, size-1)
+		n = rapid.Int64Range(1, cs-off%cs).Draw(t, label+"_len")
+	case 1: // across a cluster boundary
+		if nclusters < 2 {
+			off = 0
+			n = size
+			break
+		}
+		b := rapid.Int64Range(1, nclusters-1).Draw(t, label+"_boundary") * cs
+		off = b - rapid.Int64Range(1, min(cs, b)).Draw(t, label+"_before")
+		n = b - off + rapid.Int64Range(1, 2*cs).Draw(t, label+"_after")
+	case 2: // whole clusters
+		c := rapid.Int64Range(0, nclusters-1).Draw(t, label+"_cluster")
+		off = c * cs
+		n = rapid.Int64Range(1, max(1, maxLen/cs)).Draw(t, label+"_clusters") * cs
+	case 3: // sectors
+		off = rapid.Int64Range(0, (size-1)/512).Draw(t, label+"_sector") * 512
+		n = rapid.Int64Range(1, maxLen/512).Draw(t, label+"_sectors") * 512
+	case 4: // anything
+		off = rapid.Int64Range(0, size-1).Draw(t, label+"_off")
+		n = rapid.Int64Range(1, maxLen).Draw(t, label+"_len")
+	case 5: // to the end of the disk
+		n = rapid.Int64Range(1, min(size, maxLen)).Draw(t, label+"_tail")
+		off = size - n
+	}
+	n = min(n, size-off)
+	return off, n
+}
+
+// ---------------------------------------------------------------------------
+// TestModel
+
+type mdlState struct {
+	t     *rapid.T
+	cfg   mdlConfig
+	path  string
+	img   *Image
+	model *mdlModel
+	ops   []string
+}
+
+func (s *mdlState) fatalf(format string, args ...any) {
+	s.t.Helper()
+	last := s.ops
+	if len(last) > 12 {
+		last = last[len(last)-12:]
+	}
+	s.t.Fatalf("%s\nconfig: %s\nlast ops:\n  %s", fmt.Sprintf(format, args...), s.cfg, strings.Join(last, "\n  "))
+}
+
+// verify compares [off, off+n) with the model.
+func (s *mdlState) verify(what string, off, n int64) {
+	s.t.Helper()
+	got := make([]byte, n)
+	if _, err := s.img.ReadAt(got, off); err != nil {
+		s.fatalf("%s: ReadAt(%d, %d): %v", what, off, n, err)
+	}
+	if d := mdlDiff(got, s.model.disk[off:off+n], off, s.cfg.ClusterSize); d != "" {
+		s.fatalf("%s: %s", what, d)
+	}
+}
+
+// verifyAround reads back the clusters around an operation.
+func (s *mdlState) verifyAround(what string, off, n int64) {
+	s.t.Helper()
+	cs := s.cfg.ClusterSize
+	lo := max(0, off/cs*cs-cs)
+	hi := min(s.cfg.Size, ((off+n+cs-1)/cs+1)*cs)
+	s.verify(what, lo, hi-lo)
+}
+
+func (s *mdlState) reopen() {
+	s.t.Helper()
+	if err := s.img.Close(); err != nil {
+		s.img = nil
+		s.fatalf("Close: %v", err)
+	}
+	s.img = nil
+	if err := mdlQemuCheck(s.path); err != nil {
+		s.fatalf("after close: %v", err)
+	}
+	img, err := Open(s.path, Options{})
+	if err != nil {
+		s.fatalf("reopen: %v", err)
+	}
+	s.img = img
+}
+
+func TestModel(t *testing.T) {
+	mdlHaveQemu(t)
+	checks := 40
+	if testing.Short() {
+		checks = 10
+	}
+	mdlCheck(t, checks, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp(t.TempDir(), "model")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		rt.Cleanup(func() { os.RemoveAll(dir) })
+
+		cfg := mdlDrawConfig(rt, 8<<20)
+		var backing string
+		var bcontent []byte
+		if cfg.Backing != "" {
+			backing, bcontent = mdlMakeBacking(rt, cfg, dir)
+		}
+		s := &mdlState{t: rt, cfg: cfg, path: filepath.Join(dir, "img.qcow2"), model: newMdlModel(cfg, bcontent)}
+		rt.Logf("config: %s", cfg)
+		if err := cfg.create(s.path, backing); err != nil {
+			s.fatalf("Create: %v", err)
+		}
+		if err := mdlQemuCheck(s.path); err != nil {
+			s.fatalf("after create: %v", err)
+		}
+		img, err := Open(s.path, Options{})
+		if err != nil {
+			s.fatalf("Open: %v", err)
+		}
+		s.img = img
+		defer func() {
+			if s.img != nil {
+				s.img.Close()
+			}
+		}()
+
+		size, cs := cfg.Size, cfg.ClusterSize
+		opKinds := []string{"write", "write", "write", "zero", "zero", "discard", "discard", "compressed", "flush", "read", "reopen"}
+		nops := rapid.IntRange(1, 40).Draw(rt, "nops")
+		for i := 0; i < nops; i++ {
+			op := rapid.SampledFrom(opKinds).Draw(rt, "op")
+			switch op {
+			case "write":
+				off, n := mdlDrawRange(rt, "w", size, cs)
+				fill := rapid.IntRange(0, 3).Draw(rt, "fill")
+				p := mdlFill(fill, rapid.Uint64().Draw(rt, "seed"), n)
+				fua := rapid.IntRange(0, 4).Draw(rt, "fua") == 0
+				s.ops = append(s.ops, fmt.Sprintf("WriteAt(off=%d, len=%d, fill=%d, fua=%v)", off, n, fill, fua))
+				if k, err := s.img.WriteAt(p, off, fua); err != nil || k != len(p) {
+					s.fatalf("WriteAt(%d, %d): n=%d err=%v", off, n, k, err)
+				}
+				s.model.write(p, off)
+				s.verifyAround("after write", off, n)
+			case "zero":
+				off, n := mdlDrawRange(rt, "z", size, cs)
+				unmap := rapid.Bool().Draw(rt, "mayUnmap")
+				fua := rapid.IntRange(0, 4).Draw(rt, "fua") == 0
+				s.ops = append(s.ops, fmt.Sprintf("WriteZeroes(off=%d, n=%d, mayUnmap=%v, fua=%v)", off, n, unmap, fua))
+				if err := s.img.WriteZeroes(off, n, unmap, fua); err != nil {
+					s.fatalf("WriteZeroes(%d, %d): %v", off, n, err)
+				}
+				s.model.zero(off, n)
+				s.verifyAround("after write zeroes", off, n)
+			case "discard":
+				off, n := mdlDrawRange(rt, "d", size, cs)
+				s.ops = append(s.ops, fmt.Sprintf("Discard(off=%d, n=%d)", off, n))
+				if err := s.img.Discard(off, n); err != nil {
+					s.fatalf("Discard(%d, %d): %v", off, n, err)
+				}
+				s.model.discard(off, n)
+				s.verifyAround("after discard", off, n)
+			case "compressed":
+				if cfg.DataFile {
+					continue
+				}
+				c := rapid.Int64Range(0, (size-1)/cs).Draw(rt, "ccluster")
+				off := c * cs
+				n := min(cs, size-off)
+				fill := rapid.IntRange(0, 3).Draw(rt, "cfill")
+				if cfg.RefcountBits == 1 && !mdlStrict {
+					// Only incompressible data (written normally):
+					// TestReproCompressedRefcountBits1.
+					fill = 0
+				}
+				p := mdlFill(fill, rapid.Uint64().Draw(rt, "cseed"), n)
+				s.ops = append(s.ops, fmt.Sprintf("WriteCompressed(off=%d, len=%d, fill=%d)", off, n, fill))
+				if err := s.img.WriteCompressed(p, off); err != nil {
+					s.fatalf("WriteCompressed(%d, %d): %v", off, n, err)
+				}
+				s.model.write(p, off)
+				s.verifyAround("after compressed write", off, n)
+			case "flush":
+				s.ops = append(s.ops, "Flush()")
+				if err := s.img.Flush(); err != nil {
+					s.fatalf("Flush: %v", err)
+				}
+			case "read":
+				off, n := mdlDrawRange(rt, "r", size, cs)
+				s.ops = append(s.ops, fmt.Sprintf("ReadAt(off=%d, len=%d)", off, n))
+				s.verify("read", off, n)
+				// A range reported as zero must read as zeros.
+				e, err := s.img.Extent(off, n)
+				if err != nil {
+					s.fatalf("Extent(%d, %d): %v", off, n, err)
+				}
+				if e.Length <= 0 || e.Length > n {
+					s.fatalf("Extent(%d, %d): length %d", off, n, e.Length)
+				}
+				if e.Status&block.StatusZero != 0 {
+					if i := bytes.IndexFunc(s.model.disk[off:off+e.Length], func(r rune) bool { return r != 0 }); i >= 0 {
+						s.fatalf("Extent(%d, %d) = %+v reports zeros, but the model has data", off, n, e)
+					}
+				}
+			case "reopen":
+				s.ops = append(s.ops, "Close+Open")
+				s.reopen()
+				s.verify("after reopen", 0, size)
+			}
+		}
+		s.verify("final", 0, size)
+		s.ops = append(s.ops, "Close+Open (final)")
+		s.reopen()
+		s.verify("final after reopen", 0, size)
+		if err := s.img.Close(); err != nil {
+			s.fatalf("final Close: %v", err)
+		}
+		s.img = nil
+		if err := mdlQemuCheck(s.path); err != nil {
+			s.fatalf("final: %v", err)
+		}
+	})
+}
+
+// ---------------------------------------------------------------------------
+// TestModelConcurrent
+
+// mdlShared is the layout of the concurrent test: clusters [0, frozen)
+// are written before the workers start and only read afterwards; worker g
+// owns clusters [own[g], own[g+1]); in the shared clusters
+// [shared0, shared1) worker g owns the bytes [cut[g], cut[g+1]) of every
+// cluster.
+type mdlLayout struct {
+	cs               int64
+	size             int64
+	frozen           int64
+	shared0, shared1 int64
+	own              []int64 // len workers+1, cluster indices
+	cut              []int64 // len workers+1, byte offsets inside a cluster
+}
+
+// mdlConcurrentModel is the model shared by the workers; each worker only
+// changes bytes it owns, so the order of their updates does not matter.
+type mdlConcurrentModel struct {
+	mu sync.Mutex
+	m  *mdlModel
+}
+
+func (cm *mdlConcurrentModel) do(f func(m *mdlModel)) {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	f(cm.m)
+}
+
+func (cm *mdlConcurrentModel) slice(off, n int64) []byte {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	return append([]byte(nil), cm.m.disk[off:off+n]...)
+}
+
+// mdlWorker runs n random operations on the bytes worker g owns and
+// checks after each that they read back as the model says.
+func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel, g int, seed int64, n int) error {
+	r := rand.New(rand.NewSource(seed))
+	cs := lay.cs
+	lo, hi := lay.own[g]*cs, min(lay.own[g+1]*cs, lay.size)
+	check := func(what string, off, n int64) error {
+		got := make([]byte, n)
+		if _, err := img.ReadAt(got, off); err != nil {
+			return fmt.Errorf("worker %d: %s: ReadAt(%d, %d): %v", g, what, off, n, err)
+		}
+		if d := mdlDiff(got, cm.slice(off, n), off, cs); d != "" {
+			return fmt.Errorf("worker %d: %s: %s", g, what, d)
+		}
+		return nil
+	}
+	// randRange returns a range inside [a, b).
+	randRange := func(a, b int64) (int64, int64) {
+		switch r.Intn(3) {
+		case 0: // whole clusters (a is cluster aligned in owned regions)
+			if (b-a) >= cs && a%cs == 0 {
+				c := r.Int63n((b - a) / cs)
+				k := r.Int63n(min(4, (b-a)/cs-c)) + 1
+				return a + c*cs, min(k*cs, b-a-c*cs)
+			}
+			fallthrough
+		case 1:
+			off := a + r.Int63n(b-a)
+			return off, r.Int63n(min(b-off, cs)) + 1
+		default:
+			off := a + r.Int63n(b-a)
+			return off, r.Int63n(min(b-off, 3*cs)) + 1
+		}
+	}
+	for i := 0; i < n; i++ {
+		shared := lay.shared1 > lay.shared0 && r.Intn(3) == 0
+		var off, k int64
+		if shared {
+			c := lay.shared0 + r.Int63n(lay.shared1-lay.shared0)
+			a, b := c*cs+lay.cut[g], c*cs+lay.cut[g+1]
+			b = min(b, lay.size)
+			if b <= a {
+				continue
+			}
+			off, k = randRange(a, b)
+		} else {
+			if hi <= lo {
+				continue
+			}
+			off, k = randRange(lo, hi)
+		}
+		var err error
+		var what string
+		switch op := r.Intn(10); {
+		case op < 5:
+			p := mdlFill(r.Intn(4), r.Uint64(), k)
+			fua := r.Intn(8) == 0
+			what = fmt.Sprintf("WriteAt(%d, %d, fua=%v)", off, k, fua)
+			_, err = img.WriteAt(p, off, fua)
+			cm.do(func(m *mdlModel) { m.write(p, off) })
+		case op < 7:
+			unmap := r.Intn(2) == 0
+			what = fmt.Sprintf("WriteZeroes(%d, %d, mayUnmap=%v)", off, k, unmap)
+			err = img.WriteZeroes(off, k, unmap, false)
+			cm.do(func(m *mdlModel) { m.zero(off, k) })
+		case op < 8:
+			what = fmt.Sprintf("Discard(%d, %d)", off, k)
+			err = img.Discard(off, k)
+			cm.do(func(m *mdlModel) { m.discard(off, k) })
+		default:
+			if shared || cfg.DataFile {
+				continue
+			}
+			off = off / cs * cs
+			k = min(cs, lay.size-off)
+			p := mdlFill(r.Intn(4), r.Uint64(), k)
+			what = fmt.Sprintf("WriteCompressed(%d, %d)", off, k)
+			err = img.WriteCompressed(p, off)
+			cm.do(func(m *mdlModel) { m.write(p, off) })
+		}
+		if err != nil {
+			return fmt.Errorf("worker %d: %s: %v", g, what, err)
+		}
+		if err := check("after "+what, off, k); err != nil {
+			return err
+		}
+	}
+	// Everything this worker owns.
+	if hi > lo {
+		if err := check("final own region", lo, hi-lo); err != nil {
+			return err
+		}
+	}
+	for c := lay.shared0; c < lay.shared1; c++ {
+		a, b := c*cs+lay.cut[g], min(c*cs+lay.cut[g+1], lay.size)
+		if b > a {
+			if err := check("final shared stripe", a, b-a); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func TestModelConcurrent(t *testing.T) {
+	mdlHaveQemu(t)
+	checks := 8
+	if testing.Short() {
+		checks = 3
+	}
+	mdlCheck(t, checks, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp(t.TempDir(), "conc")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		rt.Cleanup(func() { os.RemoveAll(dir) })
+		cfg := mdlDrawConfig(rt, 8<<20)
+		var backing string
+		var bcontent []byte
+		if cfg.Backing != "" {
+			backing, bcontent = mdlMakeBacking(rt, cfg, dir)
+		}
+		path := filepath.Join(dir, "img.qcow2")
+		fail := func(format string, args ...any) {
+			rt.Helper()
+			rt.Fatalf("%s\nconfig: %s", fmt.Sprintf(format, args...), cfg)
+		}
+		rt.Logf("config: %s", cfg)
+		if err := cfg.create(path, backing); err != nil {
+			fail("Create: %v", err)
+		}
+		img, err := Open(path, Options{})
+		if err != nil {
+			fail("Open: %v", err)
+		}
+		closed := false
+		defer func() {
+			if !closed {
+				img.Close()
+			}
+		}()
+
+		cs, size := cfg.ClusterSize, cfg.Size
+		workers := rapid.IntRange(2, 4).Draw(rt, "workers")
+		nops := rapid.IntRange(10, 60).Draw(rt, "ops_per_worker")
+		nclusters := (size + cs - 1) / cs
+		lay := &mdlLayout{cs: cs, size: size}
+		// Frozen, shared, then one owned region per worker.
+		lay.frozen = min(rapid.Int64Range(0, 4).Draw(rt, "frozen"), nclusters/4)
+		lay.shared0 = lay.frozen
+		lay.shared1 = lay.shared0 + min(rapid.Int64Range(0, 8).Draw(rt, "shared"), nclusters/4)
+		per := (nclusters - lay.shared1) / int64(workers)
+		for g := 0; g <= workers; g++ {
+			lay.own = append(lay.own, lay.shared1+int64(g)*per)
+		}
+		lay.own[workers] = nclusters
+		lay.cut = []int64{0}
+		for g := 1; g < workers; g++ {
+			// Unaligned cuts; the same for every shared cluster.
+			lo := lay.cut[g-1] + 1
+			hi := cs * int64(g) / int64(workers)
+			lay.cut = append(lay.cut, rapid.Int64Range(min(lo, hi), hi).Draw(rt, "cut"))
+		}
+		lay.cut = append(lay.cut, cs)
+		rt.Logf("layout: %+v", *lay)
+
+		cm := &mdlConcurrentModel{m: newMdlModel(cfg, bcontent)}
+		if lay.frozen > 0 {
+			n := min(lay.frozen*cs, size)
+			p := mdlFill(0, rapid.Uint64().Draw(rt, "frozen_seed"), n)
+			if _, err := img.WriteAt(p, 0, false); err != nil {
+				fail("frozen write: %v", err)
+			}
+			cm.m.write(p, 0)
+		}
+
+		seed := rapid.Int64().Draw(rt, "seed")
+		var (
+			wg      sync.WaitGroup
+			errMu   sync.Mutex
+			errs    []error
+			stop    = make(chan struct{})
+			bgWG    sync.WaitGroup
+			addErr  = func(err error) { errMu.Lock(); errs = append(errs, err); errMu.Unlock() }
+			frozenN = min(lay.frozen*cs, size)
+		)
+		frozen := append([]byte(nil), cm.m.disk[:frozenN]...)
+		for g := 0; g < workers; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				if err := mdlWorker(img, cfg, lay, cm, g, seed+int64(g), nops); err != nil {
+					addErr(err)
+				}
+			}(g)
+		}
+		// Readers: the frozen region must read back exactly; anything else
+		// must read without error.
+		for rd := 0; rd < 2; rd++ {
+			bgWG.Add(1)
+			go func(rd int) {
+				defer bgWG.Done()
+				r := rand.New(rand.NewSource(seed ^ int64(rd+100)))
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if frozenN > 0 && r.Intn(2) == 0 {
+						off := r.Int63n(frozenN)
+						n := r.Int63n(frozenN-off) + 1
+						got := make([]byte, n)
+						if _, err := img.ReadAt(got, off); err != nil {
+							addErr(fmt.Errorf("reader: ReadAt(%d, %d): %v", off, n, err))
+							return
+						}
+						if d := mdlDiff(got, frozen[off:off+n], off, cs); d != "" {
+							addErr(fmt.Errorf("reader: frozen region: %s", d))
+							return
+						}
+						continue
+					}
+					off := r.Int63n(size)
+					n := r.Int63n(min(size-off, 4*cs)) + 1
+					if _, err := img.ReadAt(make([]byte, n), off); err != nil {
+						addErr(fmt.Errorf("reader: ReadAt(%d, %d): %v", off, n, err))
+						return
+					}
+					if _, err := img.Extent(off, n); err != nil {
+						addErr(fmt.Errorf("reader: Extent(%d, %d): %v", off, n, err))
+						return
+					}
+				}
+			}(rd)
+		}
+		// Flusher.
+		bgWG.Add(1)
+		go func() {
+			defer bgWG.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
+				}
+				if err := img.Flush(); err != nil {
+					addErr(fmt.Errorf("flusher: %v", err))
+					return
+				}
+			}
+		}()
+		wg.Wait()
+		close(stop)
+		bgWG.Wait()
+		if len(errs) > 0 {
+			fail("%d errors, first: %v", len(errs), errors.Join(errs...))
+		}
+
+		verify := func(what string) {
+			rt.Helper()
+			got := make([]byte, size)
+			if _, err := img.ReadAt(got, 0); err != nil {
+				fail("%s: ReadAt: %v", what, err)
+			}
+			if d := mdlDiff(got, cm.m.disk, 0, cs); d != "" {
+				fail("%s: %s", what, d)
+			}
+		}
+		verify("after workers")
+		closed = true
+		if err := img.Close(); err != nil {
+			fail("Close: %v", err)
+		}
+		if err := mdlQemuCheck(path); err != nil {
+			fail("%v", err)
+		}
+		img, err = Open(path, Options{})
+		if err != nil {
+			fail("reopen: %v", err)
+		}
+		closed = false
+		verify("after reopen")
+		closed = true
+		if err := img.Close(); err != nil {
+			fail("Close after reopen: %v", err)
+		}
+	})
+}
+
+// ---------------------------------------------------------------------------
+// Reproductions of engine bugs found by the model tests.
+
+// TestReproCreateV3Cluster512WithBacking: Create of a v3 image with
+// 512-byte clusters fails as soon as the header needs a backing file name,
+// a backing format or a data file name, because Create always writes the
+// 8-entry feature name table (400 bytes). qemu-img 7.2 creates these
+// images (it writes no feature name table for clusters of 4 KiB or less).
+func TestReproCreateV3Cluster512WithBacking(t *testing.T) {
+	for _, o := range []CreateOptions{
+		{Size: 1 << 20, ClusterSize: 512, BackingFile: "base.raw", BackingFormat: "raw"},
+		{Size: 1 << 20, ClusterSize: 512, DataFile: "data.raw"},
+	} {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "base.raw"), make([]byte, 1<<20), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "img.qcow2")
+		if err := Create(path, o); err != nil {
+			t.Errorf("Create(cluster_size=512 compat=1.1 backing=%q backing_fmt=%q data_file=%q): %v (qemu-img create succeeds)",
+				o.BackingFile, o.BackingFormat, o.DataFile, err)
+			continue
+		}
+		if err := mdlQemuCheck(path); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestReproCompressedRefcountBits1: with refcount_bits=1 a second
+// compressed cluster cannot be packed into the host cluster that holds the
+// first (its refcount would become 2). QEMU then starts a new host cluster
+// (qcow2_alloc_bytes checks refcount == refcount_max); the engine fails
+// the write with "refcount ... would overflow 1 bits".
+func TestReproCompressedRefcountBits1(t *testing.T) {
+	for _, cs := range []int64{4096, 65536} {
+		path := filepath.Join(t.TempDir(), "img.qcow2")
+		if err := Create(path, CreateOptions{Size: 2 * cs, ClusterSize: cs, RefcountBits: 1}); err != nil {
+			t.Fatal(err)
+		}
+		img, err := Open(path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := bytes.Repeat([]byte{'a'}, int(cs))
+		for c := int64(0); c < 2; c++ {
+			if err := img.WriteCompressed(p, c*cs); err != nil {
+				t.Errorf("cluster_size=%d refcount_bits=1: WriteCompressed(cluster %d): %v", cs, c, err)
+			}
+		}
+		if err := img.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := mdlQemuCheck(path); err != nil {
+			t.Error(err)
+		}
+	}
+}
