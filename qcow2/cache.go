@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -30,6 +29,10 @@ type tableCache struct {
 	policy    evictionPolicy
 
 	entries map[uint64]*cacheEntry
+	// epoch advances once per cache-clean-interval; an entry whose
+	// lastUse is older than the previous epoch has been idle a whole
+	// interval.
+	epoch uint64
 
 	stats CacheStats
 }
@@ -105,7 +108,7 @@ func (c *tableCache) peekLocked(off uint64) (*cacheEntry, error) {
 	}
 	c.stats.Hits++
 	c.policy.hit(e)
-	e.lastUse = cleanEpoch.Load()
+	e.lastUse = c.epoch
 	return e, nil
 }
 
@@ -148,7 +151,7 @@ func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 		return nil, fmt.Errorf("qcow2: reading %s at %#x: %w", c.name, off, err)
 	}
 	e.buf = buf
-	e.lastUse = cleanEpoch.Load()
+	e.lastUse = c.epoch
 	return e, nil
 }
 
@@ -171,7 +174,7 @@ func (c *tableCache) insertLocked(off uint64, buf []byte) *cacheEntry {
 		c.removeLocked(e)
 	}
 	c.makeRoomLocked()
-	e := &cacheEntry{off: off, buf: buf, dirty: true, gen: 1, lastUse: cleanEpoch.Load()}
+	e := &cacheEntry{off: off, buf: buf, dirty: true, gen: 1, lastUse: c.epoch}
 	c.addLocked(e)
 	return e
 }
@@ -239,15 +242,16 @@ func (c *tableCache) trimLocked() {
 
 func (c *tableCache) overfullLocked() bool { return len(c.entries) > c.capacity }
 
-// dropIdleLocked evicts clean entries not used since epoch
-// (cache-clean-interval).
-func (c *tableCache) dropIdleLocked(epoch uint64) {
+// cleanTickLocked drops clean entries unused for a whole interval and
+// starts the next one (cache-clean-interval).
+func (c *tableCache) cleanTickLocked() {
 	for _, e := range c.entries {
-		if evictable(e) && e.lastUse < epoch {
+		if evictable(e) && e.lastUse < c.epoch {
 			c.removeLocked(e)
 			c.stats.Evictions++
 		}
 	}
+	c.epoch++
 }
 
 // dirtyLocked returns snapshots of the dirty entries for writeback.
@@ -293,10 +297,6 @@ func (c *tableCache) statsLocked() CacheStats {
 	s.Entries, s.Capacity, s.EntrySize = len(c.entries), c.capacity, c.entrySize
 	return s
 }
-
-// cleanEpoch advances once per cache-clean-interval tick of any image; an
-// entry whose lastUse is older than the previous tick's epoch is idle.
-var cleanEpoch atomic.Uint64
 
 // evictionPolicy decides which entry a full cache drops.
 type evictionPolicy interface {

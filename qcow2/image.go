@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -74,6 +75,8 @@ type Image struct {
 	rc       *tableCache
 	// freeHint is a cluster index below which every cluster is in use.
 	freeHint int64
+	// runHint is where the search for a run of clusters starts.
+	runHint int64
 	// compTail is the host byte offset where the next compressed cluster
 	// may be packed, 0 when none.
 	compTail uint64
@@ -88,6 +91,8 @@ type Image struct {
 	markedDirty bool
 	needRebuild bool
 	closed      bool
+
+	stopClean, cleanDone chan struct{} // cache-clean-interval goroutine
 }
 
 var _ block.Device = (*Image)(nil)
@@ -202,8 +207,31 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 			}
 		}
 	}
+	if o.CacheCleanInterval > 0 {
+		img.stopClean = make(chan struct{})
+		img.cleanDone = make(chan struct{})
+		go img.cleanLoop(time.Duration(o.CacheCleanInterval) * time.Second)
+	}
 	ok = true
 	return img, nil
+}
+
+// cleanLoop drops idle cache entries every interval until Close.
+func (img *Image) cleanLoop(interval time.Duration) {
+	defer close(img.cleanDone)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-img.stopClean:
+			return
+		case <-t.C:
+			img.mu.Lock()
+			img.l2.cleanTickLocked()
+			img.rc.cleanTickLocked()
+			img.mu.Unlock()
+		}
+	}
 }
 
 // loadTables reads the L1 and refcount tables, checked against the file.
@@ -323,6 +351,10 @@ func (img *Image) Close() error {
 	img.mu.Lock()
 	img.closed = true
 	img.mu.Unlock()
+	if img.stopClean != nil {
+		close(img.stopClean)
+		<-img.cleanDone
+	}
 	if err := img.closeFiles(); err != nil && first == nil {
 		first = err
 	}

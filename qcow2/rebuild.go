@@ -260,7 +260,7 @@ func (img *Image) rebuildRefcountsLocked() error {
 	img.refTable = table
 	clear(img.rtDirty)
 	img.rc = newTableCache(img.rc.name, img.file, int(cs), img.rc.capacity, PolicyLRU, &img.mu)
-	img.freeHint, img.compTail = 1, 0
+	img.freeHint, img.runHint, img.compTail = 1, 0, 0
 	return img.fixCopiedLocked(refs)
 }
 

@@ -137,6 +137,12 @@ func (img *Image) allocClusterLocked() (uint64, error) {
 // allocRunLocked allocates n contiguous free host clusters.
 func (img *Image) allocRunLocked(n int64) (uint64, error) {
 	idx := max(img.freeHint, img.hdrClustersN)
+	if n > 1 {
+		// Runs start after the last run, so that small holes below it
+		// are not rescanned for every run (they still serve single
+		// clusters).
+		idx = max(idx, img.runHint)
+	}
 	for {
 		b := idx / img.rcPerBlock
 		if b >= int64(len(img.refTable)) {
@@ -193,6 +199,9 @@ func (img *Image) allocRunLocked(n int64) (uint64, error) {
 		}
 		if idx == img.freeHint {
 			img.freeHint = idx + n
+		}
+		if n > 1 {
+			img.runHint = idx + n
 		}
 		return uint64(idx * img.clusterSize), nil
 	}
