@@ -20,10 +20,9 @@ func (r *refCounter) add(off uint64, n int64, what string) error {
 	}
 	cs := uint64(r.img.clusterSize)
 	first, last := off/cs, (off+uint64(n)-1)/cs
-	if last >= uint64(len(r.refs)) {
-		return corruptf("%s at %#x (%d bytes) is beyond the end of the file", what, off, n)
-	}
-	for i := first; i <= last; i++ {
+	// References past the end of the file cannot be counted (there is
+	// no cluster to count); check reports them, rebuild skips them.
+	for i := first; i <= last && i < uint64(len(r.refs)); i++ {
 		r.refs[i]++
 	}
 	return nil
