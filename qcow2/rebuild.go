@@ -85,8 +85,7 @@ func (img *Image) countAllLocked(fileSize int64) (*refCounter, error) {
 		return nil, err
 	}
 	if len(img.snapshots) > 0 {
-		tbl := encodeSnapshotTable(img.snapshots, img.hdr.Version)
-		if err := r.add(img.hdr.SnapshotsOffset, int64(len(tbl)), "snapshot table"); err != nil {
+		if err := r.add(img.hdr.SnapshotsOffset, snapshotTableLen(img.snapshots), "snapshot table"); err != nil {
 			return nil, err
 		}
 	}

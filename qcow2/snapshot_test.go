@@ -443,7 +443,7 @@ func TestQEMUSnapshotTable(t *testing.T) {
 	qimg := needQemuImg(t)
 	qio, err := exec.LookPath("qemu-io")
 	if err != nil {
-		t.Skip("qemu-io not installed")
+		t.Fatal("qemu-io not installed: run scripts/test.sh, which installs qemu-utils")
 	}
 	for _, compat := range []string{"0.10", "1.1"} {
 		t.Run("compat="+compat, func(t *testing.T) {
