@@ -57,8 +57,9 @@ type Status uint8
 const (
 	// StatusData: the range is allocated and holds data.
 	StatusData Status = 0
-	// StatusHole is set when the range is not allocated in this layer
-	// or below it (NBD_STATE_HOLE).
+	// StatusHole is set when the range holds no data in any layer: it is
+	// unallocated, or a zero cluster (NBD_STATE_HOLE, as qemu-nbd reports
+	// it). Depth tells the two apart.
 	StatusHole Status = 1 << 0
 	// StatusZero is set when the range reads as zeros (NBD_STATE_ZERO).
 	StatusZero Status = 1 << 1

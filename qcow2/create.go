@@ -30,6 +30,8 @@ func Create(path string, o CreateOptions) error {
 		o.Size = b.Size()
 		b.Close()
 	}
+	// QEMU rounds the virtual size up to whole sectors.
+	o.Size = (o.Size + 511) &^ 511
 	h, err := newHeader(o)
 	if err != nil {
 		return err
@@ -89,7 +91,8 @@ func newHeader(o CreateOptions) (*Header, error) {
 	}
 	if o.Compat == "0.10" {
 		h.Version, h.HeaderLength = 2, v2HeaderLen
-	} else {
+	} else if o.ClusterSize > 4096 {
+		// QEMU writes the table only for clusters larger than 4 KiB.
 		h.FeatureNames = defaultFeatureNames()
 	}
 	if o.LazyRefcounts {
@@ -176,7 +179,9 @@ func (img *Image) preallocate(mode string) error {
 	type run struct{ off, n int64 }
 	var runs []run
 	for c := int64(0); c < n; {
-		k := min(img.l2Entries-c%img.l2Entries, n-c)
+		// A run must fit inside one refcount block's range next to the
+		// block itself, which allocation places at the range's start.
+		k := min(img.slEntries-c%img.slEntries, n-c, max(img.rcPerBlock/2, 1))
 		var host uint64
 		done := false
 		err := img.withMetadata(func() error {

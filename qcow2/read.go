@@ -23,6 +23,19 @@ const maxSegments = 256
 func (img *Image) mapRangeLocked(off, n int64, segs []segment) ([]segment, error) {
 	for n > 0 && len(segs) < maxSegments {
 		c := off >> img.clusterBits
+		if _, idx, l2off := img.l2SlotLocked(c); l2off == 0 {
+			// No L2 table: the rest of its range is unallocated.
+			span := (img.l2Entries-idx)<<img.clusterBits - off&(img.clusterSize-1)
+			s := segment{kind: kindUnalloc, n: min(n, span)}
+			if k := len(segs) - 1; k >= 0 && segs[k].kind == kindUnalloc {
+				segs[k].n += s.n
+			} else {
+				segs = append(segs, s)
+			}
+			off += s.n
+			n -= s.n
+			continue
+		}
 		m, err := img.lookupLocked(c)
 		if _, ok := isNeedLoad(err); ok && len(segs) > 0 {
 			// Serve what is mapped; the rest comes in the next pass,
