@@ -163,8 +163,10 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 	if repair != RepairNone && img.ro {
 		return nil, errReadOnly
 	}
+	img.gate.Lock()
+	defer img.gate.Unlock()
 	if !img.ro {
-		if err := img.Flush(); err != nil {
+		if err := img.flush(); err != nil {
 			return nil, err
 		}
 	}

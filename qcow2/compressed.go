@@ -10,6 +10,8 @@ import (
 // that does not compress is written normally. Safe for concurrent use:
 // compression runs outside every lock.
 func (img *Image) WriteCompressed(p []byte, off int64) error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
 	if off&(img.clusterSize-1) != 0 || (int64(len(p)) != img.clusterSize && off+int64(len(p)) != img.size) {
 		return fmt.Errorf("qcow2: compressed write of %d bytes at %#x is not one whole cluster", len(p), off)
 	}
@@ -29,7 +31,7 @@ func (img *Image) WriteCompressed(p []byte, off int64) error {
 		return err
 	}
 	if !ok {
-		_, err := img.WriteAt(p, off, false)
+		_, err := img.writeAt(p, off, false)
 		return err
 	}
 	c := off >> img.clusterBits

@@ -71,7 +71,7 @@ func Create(path string, o CreateOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := img.preallocate(o.Preallocation); err != nil {
+	if err := img.preallocate(o.Preallocation, 0); err != nil {
 		img.Close()
 		return err
 	}
@@ -171,14 +171,16 @@ func writeLayout(f block.File, h *Header) error {
 	return f.Sync()
 }
 
-// preallocate allocates every L2 table and data cluster (metadata), and
-// with falloc or full also reserves or zero-fills the data.
-func (img *Image) preallocate(mode string) error {
+// preallocate allocates every L2 table and data cluster from guest offset
+// from to the end (metadata), and with falloc or full also reserves or
+// zero-fills the data. from must be cluster aligned or the old size of a
+// grown image.
+func (img *Image) preallocate(mode string, from int64) error {
 	n := (img.size + img.clusterSize - 1) >> img.clusterBits
 	var end uint64
 	type run struct{ off, n int64 }
 	var runs []run
-	for c := int64(0); c < n; {
+	for c := (from + img.clusterSize - 1) >> img.clusterBits; c < n; {
 		// A run must fit inside one refcount block's range next to the
 		// block itself, which allocation places at the range's start.
 		k := min(img.slEntries-c%img.slEntries, n-c, max(img.rcPerBlock/2, 1))

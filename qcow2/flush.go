@@ -26,6 +26,12 @@ import (
 //
 // A crash at any point leaves at most leaked clusters.
 func (img *Image) Flush() error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
+	return img.flush()
+}
+
+func (img *Image) flush() error {
 	if img.ro {
 		return img.checkOpen()
 	}

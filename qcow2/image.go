@@ -25,7 +25,7 @@ const (
 
 // Image is an open qcow2 image, served as a block.Device.
 //
-// Locking: mu guards the metadata in memory (header, L1 table, refcount
+// Locking: the lock order is gate, flushMu, mu. mu guards the metadata in memory (header, L1 table, refcount
 // table, both table caches, in-flight allocations). Data I/O never happens
 // under mu; metadata tables are read with mu released (tableCache.load).
 // flushMu serializes Flush and is taken before mu. Growth of the refcount
@@ -47,6 +47,7 @@ type Image struct {
 	clusterSize  int64
 	l2Entries    int64
 	sliceSize    int64 // L2 cache entry size (l2-cache-entry-size)
+	l2policyName string
 	slEntries    int64 // L2 entries per slice
 	extL2        bool
 	subSize      int64 // subcluster size (== clusterSize without extended L2)
@@ -63,6 +64,10 @@ type Image struct {
 	backingSize  int64
 	hdrClustersN int64
 
+	// gate is held shared by every I/O method and exclusively by
+	// operations that rewrite metadata wholesale (snapshots, resize,
+	// check): they run with no I/O in flight.
+	gate    sync.RWMutex
 	flushMu sync.Mutex
 	mu      sync.Mutex
 	// Fields below are guarded by mu.
@@ -173,6 +178,7 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 	}
 	img.sliceSize = slice
 	img.slEntries = slice / int64(h.L2EntrySize())
+	img.l2policyName = o.L2CachePolicy
 	img.l2 = newTableCache("L2 table", f, int(slice), l2n, o.L2CachePolicy, &img.mu)
 	img.rc = newTableCache("refcount block", f, int(img.clusterSize), rcn, PolicyLRU, &img.mu)
 
@@ -295,7 +301,11 @@ func (img *Image) resolve(name string) string {
 }
 
 // Size returns the virtual size in bytes.
-func (img *Image) Size() int64 { return img.size }
+func (img *Image) Size() int64 {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
+	return img.size
+}
 
 // ClusterSize returns the cluster size in bytes.
 func (img *Image) ClusterSize() int64 { return img.clusterSize }

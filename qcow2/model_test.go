@@ -68,10 +68,6 @@ func mdlCheck(t *testing.T, n int, prop func(*rapid.T)) {
 	rapid.Check(t, prop)
 }
 
-// mdlStrict (OVIS_MODEL_STRICT=1) turns off the workarounds for the engine
-// bugs that the TestRepro tests at the end reproduce.
-var mdlStrict = os.Getenv("OVIS_MODEL_STRICT") == "1"
-
 // ---------------------------------------------------------------------------
 // Configuration
 
@@ -92,8 +88,6 @@ type mdlConfig struct {
 	Prealloc      string
 	// QemuCreate creates the image with qemu-img instead of Create.
 	QemuCreate bool
-	// Forced is set when QemuCreate works around a known Create bug.
-	Forced string
 }
 
 func (c mdlConfig) String() string {
@@ -110,9 +104,6 @@ func (c mdlConfig) String() string {
 	}
 	if c.QemuCreate {
 		s += " created_by=qemu-img"
-		if c.Forced != "" {
-			s += "(" + c.Forced + ")"
-		}
 	}
 	return s
 }
@@ -239,17 +230,6 @@ func mdlDrawConfig(t *rapid.T, maxSize int64) mdlConfig {
 	// qemu-img create needs the backing format.
 	if c.Backing == "" || c.BackingFormat != "" {
 		c.QemuCreate = rapid.IntRange(0, 3).Draw(t, "qemu_create") == 0
-	}
-	if !mdlStrict && !c.v2() && c.ClusterSize == 512 && (c.Backing != "" || c.DataFile) {
-		// Create fails here (TestReproCreateV3Cluster512WithBacking).
-		if c.Backing != "" && c.BackingFormat == "" {
-			c.BackingFormat = "qcow2"
-		}
-		c.QemuCreate, c.Forced = true, "forced: Create bug"
-	}
-	if !mdlStrict && c.Prealloc != "" && c.RefcountBits == 64 && !c.QemuCreate {
-		// Create never returns (TestReproPreallocRefcountBits64).
-		c.QemuCreate, c.Forced = true, "forced: Create hang"
 	}
 	return c
 }
@@ -874,11 +854,6 @@ func TestModel(t *testing.T) {
 				off := c * cs
 				n := min(cs, size-off)
 				fill := rapid.IntRange(0, 3).Draw(rt, "cfill")
-				if cfg.RefcountBits == 1 && !mdlStrict {
-					// Only incompressible data (written normally):
-					// TestReproCompressedRefcountBits1.
-					fill = 0
-				}
 				p := mdlFill(fill, rapid.Uint64().Draw(rt, "cseed"), n)
 				s.op("WriteCompressed(off=%d, len=%d, fill=%d)", off, n, fill)
 				if err := s.img.WriteCompressed(p, off); err != nil {

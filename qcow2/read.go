@@ -110,6 +110,8 @@ func (img *Image) withMetadata(fn func() error) error {
 
 // ReadAt reads len(p) bytes at guest offset off.
 func (img *Image) ReadAt(p []byte, off int64) (int, error) {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
 	if err := block.CheckRange(off, int64(len(p)), img.size); err != nil {
 		return 0, err
 	}
@@ -204,6 +206,8 @@ func (img *Image) readCompressed(entry uint64) ([]byte, error) {
 
 // Extent reports the status of the run starting at off, at most n bytes.
 func (img *Image) Extent(off, n int64) (block.Extent, error) {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
 	if err := block.CheckRange(off, n, img.size); err != nil {
 		return block.Extent{}, err
 	}

@@ -9,6 +9,12 @@ import (
 // WriteAt writes p at guest offset off. With fua, the data and the
 // metadata that maps it are durable before WriteAt returns.
 func (img *Image) WriteAt(p []byte, off int64, fua bool) (int, error) {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
+	return img.writeAt(p, off, fua)
+}
+
+func (img *Image) writeAt(p []byte, off int64, fua bool) (int, error) {
 	if err := img.beginWrite(off, int64(len(p))); err != nil {
 		return 0, err
 	}
@@ -76,7 +82,7 @@ func (img *Image) beginWrite(off, n int64) error {
 func (img *Image) endWrite(meta, fua bool) error {
 	if fua {
 		if meta {
-			return img.Flush()
+			return img.flush()
 		}
 		return img.data.Sync()
 	}
@@ -85,7 +91,7 @@ func (img *Image) endWrite(meta, fua bool) error {
 	img.mu.Unlock()
 	switch {
 	case l2Full:
-		return img.Flush()
+		return img.flush()
 	case rcFull:
 		return img.writeBackRefBlocks()
 	}

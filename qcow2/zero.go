@@ -4,6 +4,8 @@ package qcow2
 // the zero flag (and with mayUnmap lose their host cluster); the partial
 // edges are written with zeros.
 func (img *Image) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
 	if err := img.beginWrite(off, n); err != nil {
 		return err
 	}
@@ -139,6 +141,8 @@ var errPartialCompressed = &CorruptError{Msg: "internal: partial zero of a compr
 // zero flag), as in QEMU. Images with an external data file ignore
 // discards.
 func (img *Image) Discard(off, n int64) error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
 	if err := img.beginWrite(off, n); err != nil {
 		return err
 	}

@@ -1,0 +1,573 @@
+package qcow2
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// This file holds the operations that rewrite metadata wholesale:
+// internal snapshots and resize. They run with Image.gate held
+// exclusively (no I/O in flight) after a flush, holding flushMu and mu
+// throughout; table loads still release mu, which is safe because nothing
+// else can run.
+
+// exclusive runs fn with no I/O in flight, the metadata flushed, and
+// flushMu and mu held.
+func (img *Image) exclusive(fn func() error) error {
+	if img.ro {
+		return errReadOnly
+	}
+	img.gate.Lock()
+	defer img.gate.Unlock()
+	if err := img.checkOpen(); err != nil {
+		return err
+	}
+	if err := img.flush(); err != nil {
+		return err
+	}
+	img.flushMu.Lock()
+	defer img.flushMu.Unlock()
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	return fn()
+}
+
+// flushExclusiveLocked runs the ordered flush from inside exclusive.
+func (img *Image) flushExclusiveLocked() error {
+	img.mu.Unlock()
+	defer img.mu.Lock()
+	return img.flushLocked()
+}
+
+// refAddLocked adds delta to host cluster idx's refcount, loading
+// refcount blocks as needed. Only inside exclusive.
+func (img *Image) refAddLocked(idx, delta int64) error {
+	for {
+		err := img.addRefLocked(idx, delta)
+		if nl, ok := isNeedLoad(err); ok {
+			e, err := nl.c.load(nl.off)
+			if err != nil {
+				return err
+			}
+			e.pins--
+			continue
+		}
+		return err
+	}
+}
+
+// refcountExclusiveLocked reads a refcount, loading as needed.
+func (img *Image) refcountExclusiveLocked(idx int64) (uint64, error) {
+	for {
+		rc, err := img.refcountLocked(idx)
+		if nl, ok := isNeedLoad(err); ok {
+			e, err := nl.c.load(nl.off)
+			if err != nil {
+				return 0, err
+			}
+			e.pins--
+			continue
+		}
+		return rc, err
+	}
+}
+
+// allocExclusiveLocked allocates n contiguous clusters inside exclusive.
+func (img *Image) allocExclusiveLocked(n int64) (uint64, error) {
+	for {
+		off, err := img.allocRunLocked(n)
+		if nl, ok := isNeedLoad(err); ok {
+			e, err := nl.c.load(nl.off)
+			if err != nil {
+				return 0, err
+			}
+			e.pins--
+			continue
+		}
+		var ng *needGrow
+		if errors.As(err, &ng) {
+			if err := img.growRefTableLocked(ng.need); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		return off, err
+	}
+}
+
+// entryClusters returns the host clusters an L2 entry holds a reference
+// to (none for data in an external data file).
+func (img *Image) entryClusters(m mapping) []int64 {
+	if img.hasDataFile {
+		return nil
+	}
+	if m.entry&flagCompressed != 0 {
+		off, n := img.compressedRange(m.entry)
+		start := int64(off&^511) >> img.clusterBits
+		end := (int64(off&^511) + n - 1) >> img.clusterBits
+		var out []int64
+		for i := start; i <= end; i++ {
+			out = append(out, i)
+		}
+		return out
+	}
+	if h, ok := img.host(m); ok {
+		return []int64{int64(h) >> img.clusterBits}
+	}
+	return nil
+}
+
+func (img *Image) readTableFile(off uint64, n int64) ([]byte, error) {
+	buf := make([]byte, n)
+	if err := block.ReadFull(img.file, buf, int64(off)); err != nil {
+		return nil, fmt.Errorf("qcow2: reading table at %#x: %w", off, err)
+	}
+	return buf, nil
+}
+
+// addTreeRefsLocked adds delta to the refcount of every L2 table an L1
+// table references and of every cluster those tables map.
+func (img *Image) addTreeRefsLocked(l1 []uint64, delta int64) error {
+	for _, e := range l1 {
+		l2off := e & l1OffsetMask
+		if l2off == 0 {
+			continue
+		}
+		buf, err := img.readTableFile(l2off, img.clusterSize)
+		if err != nil {
+			return err
+		}
+		if err := img.refAddLocked(int64(l2off)>>img.clusterBits, delta); err != nil {
+			return err
+		}
+		for j := int64(0); j < img.l2Entries; j++ {
+			for _, c := range img.entryClusters(img.readEntry(buf, j)) {
+				if err := img.refAddLocked(c, delta); err != nil {
+					return fmt.Errorf("qcow2: L2 table at %#x entry %d: %w", l2off, j, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// refreshCopiedLocked sets the COPIED flags of the active L1 table and of
+// the L2 tables it owns from the refcounts, writing what changed.
+func (img *Image) refreshCopiedLocked() error {
+	for i, e := range img.l1 {
+		l2off := e & l1OffsetMask
+		if l2off == 0 {
+			continue
+		}
+		rc, err := img.refcountExclusiveLocked(int64(l2off) >> img.clusterBits)
+		if err != nil {
+			return err
+		}
+		want := e &^ flagCopied
+		if rc == 1 {
+			want |= flagCopied
+		}
+		if want != e {
+			img.l1[i] = want
+			img.l1Dirty[i] = struct{}{}
+		}
+		// Entries of a table shared with a snapshot get their flags
+		// updated in place too: flags only matter as seen from the
+		// active L1, and the data they map is shared as well.
+		buf, err := img.readTableFile(l2off, img.clusterSize)
+		if err != nil {
+			return err
+		}
+		changed := false
+		for j := int64(0); j < img.l2Entries; j++ {
+			m := img.readEntry(buf, j)
+			h, ok := img.host(m)
+			if !ok || m.entry&flagCompressed != 0 || img.hasDataFile {
+				continue
+			}
+			rc, err := img.refcountExclusiveLocked(int64(h) >> img.clusterBits)
+			if err != nil {
+				return err
+			}
+			nm := m
+			nm.entry &^= flagCopied
+			if rc == 1 {
+				nm.entry |= flagCopied
+			}
+			if nm != m {
+				img.writeEntry(buf, j, nm)
+				changed = true
+			}
+		}
+		if changed {
+			if err := img.writeTableLocked(l2off, buf); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// writeTableLocked writes a whole L2 table and drops its cached slices.
+func (img *Image) writeTableLocked(off uint64, buf []byte) error {
+	img.forgetTableLocked(off)
+	if _, err := img.file.WriteAt(buf, int64(off)); err != nil {
+		return fmt.Errorf("qcow2: writing L2 table at %#x: %w", off, err)
+	}
+	return nil
+}
+
+func encodeL1(l1 []uint64, n int) []byte {
+	buf := make([]byte, n*8)
+	for i := 0; i < len(l1) && i < n; i++ {
+		binary.BigEndian.PutUint64(buf[i*8:], l1[i])
+	}
+	return buf
+}
+
+func (img *Image) clustersFor(n int64) int64 { return (n + img.clusterSize - 1) / img.clusterSize }
+
+func (img *Image) freeRangeLocked(off uint64, n int64) {
+	for i := int64(0); i < img.clustersFor(n); i++ {
+		img.pendingFree = append(img.pendingFree, off+uint64(i*img.clusterSize))
+	}
+}
+
+// findSnapshot looks a snapshot up by ID first, then by name, as QEMU's
+// find_snapshot_by_id_or_name does.
+func (img *Image) findSnapshot(idOrName string) int {
+	for i, s := range img.snapshots {
+		if s.ID == idOrName {
+			return i
+		}
+	}
+	for i, s := range img.snapshots {
+		if s.Name == idOrName {
+			return i
+		}
+	}
+	return -1
+}
+
+// ErrSnapshotNotFound is returned for an unknown snapshot ID or name.
+var ErrSnapshotNotFound = errors.New("qcow2: snapshot not found")
+
+// writeSnapshotTableLocked writes a new snapshot table, switches the
+// header to it and frees the old one.
+func (img *Image) writeSnapshotTableLocked(snaps []Snapshot) error {
+	var off uint64
+	tbl := encodeSnapshotTable(snaps, img.hdr.Version)
+	if len(snaps) > 0 {
+		var err error
+		if off, err = img.allocExclusiveLocked(img.clustersFor(int64(len(tbl)))); err != nil {
+			return err
+		}
+		if _, err := img.file.WriteAt(tbl, int64(off)); err != nil {
+			return fmt.Errorf("qcow2: writing snapshot table at %#x: %w", off, err)
+		}
+	}
+	// The table's clusters are counted, and it is written, before the
+	// header points at it.
+	if err := img.flushExclusiveLocked(); err != nil {
+		return err
+	}
+	oldOff, oldLen := img.hdr.SnapshotsOffset, snapshotTableLen(img.snapshots)
+	img.hdr.NbSnapshots = uint32(len(snaps))
+	img.hdr.SnapshotsOffset = off
+	if err := img.writeHeaderLocked(); err != nil {
+		return err
+	}
+	if len(img.snapshots) > 0 {
+		img.freeRangeLocked(oldOff, oldLen)
+	}
+	img.snapshots = snaps
+	return nil
+}
+
+// CreateSnapshot makes an internal snapshot of the active layer, as
+// qemu-img snapshot -c does. id "" picks the next free numeric ID.
+// dateSec and dateNsec stamp it.
+func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) error {
+	return img.exclusive(func() error {
+		if img.hasDataFile {
+			return fmt.Errorf("qcow2: internal snapshots are not supported with an external data file")
+		}
+		if id == "" {
+			id = img.nextSnapshotID()
+		}
+		for _, s := range img.snapshots {
+			if s.ID == id {
+				return fmt.Errorf("qcow2: a snapshot with ID %q already exists", id)
+			}
+		}
+		sn := Snapshot{ID: id, Name: name, DateSec: dateSec, DateNsec: dateNsec, ICount: -1,
+			DiskSize: uint64(img.size), HasDiskSize: img.v3, L1Size: uint32(len(img.l1))}
+		if err := sn.checkEncodable(); err != nil {
+			return err
+		}
+		// 1. Count the new references, durably.
+		if err := img.addTreeRefsLocked(img.l1, 1); err != nil {
+			return err
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+		// 2. Nothing in the active tables is exclusively ours any more.
+		if err := img.refreshCopiedLocked(); err != nil {
+			return err
+		}
+		// 3. The snapshot's copy of the L1 table.
+		l1Bytes := int64(len(img.l1)) * 8
+		if l1Bytes > 0 {
+			off, err := img.allocExclusiveLocked(img.clustersFor(l1Bytes))
+			if err != nil {
+				return err
+			}
+			if _, err := img.file.WriteAt(encodeL1(img.l1, len(img.l1)), int64(off)); err != nil {
+				return fmt.Errorf("qcow2: writing snapshot L1 table at %#x: %w", off, err)
+			}
+			sn.L1TableOffset = off
+		}
+		snaps := append(append([]Snapshot(nil), img.snapshots...), sn)
+		if err := img.writeSnapshotTableLocked(snaps); err != nil {
+			return err
+		}
+		return img.flushExclusiveLocked()
+	})
+}
+
+func (img *Image) nextSnapshotID() string {
+	max := 0
+	for _, s := range img.snapshots {
+		var n int
+		if _, err := fmt.Sscanf(s.ID, "%d", &n); err == nil && n > max {
+			max = n
+		}
+	}
+	return fmt.Sprint(max + 1)
+}
+
+// DeleteSnapshot removes an internal snapshot (by ID or name) and
+// releases what only it referenced.
+func (img *Image) DeleteSnapshot(idOrName string) error {
+	return img.exclusive(func() error {
+		i := img.findSnapshot(idOrName)
+		if i < 0 {
+			return fmt.Errorf("%w: %q", ErrSnapshotNotFound, idOrName)
+		}
+		sn := img.snapshots[i]
+		l1, err := img.readL1Exclusive(sn)
+		if err != nil {
+			return err
+		}
+		snaps := append(append([]Snapshot(nil), img.snapshots[:i]...), img.snapshots[i+1:]...)
+		if err := img.writeSnapshotTableLocked(snaps); err != nil {
+			return err
+		}
+		// The header no longer reaches the snapshot: drop its references.
+		if err := img.addTreeRefsLocked(l1, -1); err != nil {
+			return err
+		}
+		img.freeRangeLocked(sn.L1TableOffset, int64(sn.L1Size)*8)
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+		if err := img.refreshCopiedLocked(); err != nil {
+			return err
+		}
+		return img.flushExclusiveLocked()
+	})
+}
+
+func (img *Image) readL1Exclusive(sn Snapshot) ([]uint64, error) {
+	fileSize, err := img.file.Size()
+	if err != nil {
+		return nil, err
+	}
+	return img.readL1(sn.L1TableOffset, sn.L1Size, fileSize)
+}
+
+// ApplySnapshot reverts the active layer to an internal snapshot (by ID
+// or name), as qemu-img snapshot -a does.
+func (img *Image) ApplySnapshot(idOrName string) error {
+	return img.exclusive(func() error {
+		i := img.findSnapshot(idOrName)
+		if i < 0 {
+			return fmt.Errorf("%w: %q", ErrSnapshotNotFound, idOrName)
+		}
+		sn := img.snapshots[i]
+		if sn.HasDiskSize && int64(sn.DiskSize) != img.size {
+			return fmt.Errorf("qcow2: snapshot %q has disk size %d, the image %d: applying across a resize is not supported", idOrName, sn.DiskSize, img.size)
+		}
+		if int(sn.L1Size) > len(img.l1) {
+			return fmt.Errorf("qcow2: snapshot %q has a larger L1 table (%d entries) than the image (%d)", idOrName, sn.L1Size, len(img.l1))
+		}
+		l1, err := img.readL1Exclusive(sn)
+		if err != nil {
+			return err
+		}
+		// 1. Count the snapshot's tree once more, durably.
+		if err := img.addTreeRefsLocked(l1, 1); err != nil {
+			return err
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+		// 2. Point the active L1 table at it.
+		newL1 := make([]uint64, len(img.l1))
+		for j, e := range l1 {
+			newL1[j] = e &^ flagCopied
+		}
+		if _, err := img.file.WriteAt(encodeL1(newL1, len(newL1)), int64(img.hdr.L1TableOffset)); err != nil {
+			return fmt.Errorf("qcow2: writing L1 table: %w", err)
+		}
+		if err := img.file.Sync(); err != nil {
+			return err
+		}
+		old := img.l1
+		img.l1 = newL1
+		clear(img.l1Dirty)
+		img.l2 = newTableCache(img.l2.name, img.file, img.l2.entrySize, img.l2.capacity, img.l2policyName, &img.mu)
+		// 3. Release the old active tree.
+		if err := img.addTreeRefsLocked(old, -1); err != nil {
+			return err
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+		if err := img.refreshCopiedLocked(); err != nil {
+			return err
+		}
+		return img.flushExclusiveLocked()
+	})
+}
+
+// Resize changes the virtual size, as qemu-img resize does. Growing may
+// grow the L1 table; prealloc (off, metadata, falloc, full) applies to the
+// new range. Shrinking needs shrink and drops everything past the new end.
+// Images with internal snapshots cannot be resized, as in QEMU.
+func (img *Image) Resize(size int64, shrink bool, prealloc string) error {
+	if size%512 != 0 || size < 0 {
+		return fmt.Errorf("qcow2: the new size %d must be a non-negative multiple of 512", size)
+	}
+	old := img.size
+	err := img.exclusive(func() error {
+		if len(img.snapshots) > 0 {
+			return fmt.Errorf("Can't resize an image which has snapshots")
+		}
+		if size == img.size {
+			return nil
+		}
+		if size < img.size {
+			if !shrink {
+				return fmt.Errorf("qcow2: shrinking from %d to %d bytes needs shrink", img.size, size)
+			}
+			return img.shrinkLocked(size)
+		}
+		return img.growLocked(size)
+	})
+	if err != nil || size <= old || prealloc == "" || prealloc == PreallocOff {
+		return err
+	}
+	return img.preallocate(prealloc, old)
+}
+
+func (img *Image) growLocked(size int64) error {
+	need := int(l1EntriesFor(uint64(size), img.clusterBits, img.hdr.L2EntrySize()))
+	if int64(need)*8 > maxL1Bytes {
+		return fmt.Errorf("qcow2: an L1 table for %d bytes would exceed %d bytes", size, maxL1Bytes)
+	}
+	if need > len(img.l1) {
+		l1 := make([]uint64, need)
+		copy(l1, img.l1)
+		off, err := img.allocExclusiveLocked(img.clustersFor(int64(need) * 8))
+		if err != nil {
+			return err
+		}
+		if _, err := img.file.WriteAt(encodeL1(l1, need), int64(off)); err != nil {
+			return fmt.Errorf("qcow2: writing L1 table at %#x: %w", off, err)
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+		oldOff, oldLen := img.hdr.L1TableOffset, int64(len(img.l1))*8
+		img.hdr.L1TableOffset, img.hdr.L1Size = off, uint32(need)
+		img.hdr.Size = uint64(size)
+		if err := img.writeHeaderLocked(); err != nil {
+			return err
+		}
+		img.l1 = l1
+		clear(img.l1Dirty)
+		if oldLen > 0 {
+			img.freeRangeLocked(oldOff, oldLen)
+		}
+	} else {
+		img.hdr.Size = uint64(size)
+		if err := img.writeHeaderLocked(); err != nil {
+			return err
+		}
+	}
+	img.size = size
+	return img.flushExclusiveLocked()
+}
+
+func (img *Image) shrinkLocked(size int64) error {
+	firstGone := (size + img.clusterSize - 1) >> img.clusterBits
+	need := int(l1EntriesFor(uint64(size), img.clusterBits, img.hdr.L2EntrySize()))
+	var frees []int64
+	for i, e := range img.l1 {
+		l2off := e & l1OffsetMask
+		if l2off == 0 {
+			continue
+		}
+		base := int64(i) * img.l2Entries
+		if base+img.l2Entries <= firstGone {
+			continue
+		}
+		buf, err := img.readTableFile(l2off, img.clusterSize)
+		if err != nil {
+			return err
+		}
+		for j := max(firstGone-base, 0); j < img.l2Entries; j++ {
+			m := img.readEntry(buf, j)
+			frees = append(frees, img.entryClusters(m)...)
+			img.writeEntry(buf, j, mapping{})
+		}
+		if i >= need {
+			frees = append(frees, int64(l2off)>>img.clusterBits)
+			img.l1[i] = 0
+			img.l1Dirty[i] = struct{}{}
+			continue
+		}
+		if err := img.writeTableLocked(l2off, buf); err != nil {
+			return err
+		}
+	}
+	if err := img.flushExclusiveLocked(); err != nil {
+		return err
+	}
+	img.hdr.Size = uint64(size)
+	img.hdr.L1Size = uint32(need)
+	if err := img.writeHeaderLocked(); err != nil {
+		return err
+	}
+	// The L1 table's clusters past its new end are no longer counted.
+	keep := img.clustersFor(int64(need) * 8)
+	for c := keep; c < img.clustersFor(int64(len(img.l1))*8); c++ {
+		frees = append(frees, int64(img.hdr.L1TableOffset)>>img.clusterBits+c)
+	}
+	for i := range img.l1Dirty {
+		if i >= need {
+			delete(img.l1Dirty, i)
+		}
+	}
+	img.l1 = img.l1[:need]
+	img.size = size
+	for _, c := range frees {
+		img.pendingFree = append(img.pendingFree, uint64(c)<<img.clusterBits)
+	}
+	return img.flushExclusiveLocked()
+}
