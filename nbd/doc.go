@@ -1,0 +1,66 @@
+// Package nbd serves any block.Device over the Network Block Device
+// protocol, as specified in NetworkBlockDevice/nbd doc/proto.md.
+//
+// Files, by concern: proto.go (wire constants, Errno), handshake.go
+// (fixed newstyle option haggling, STARTTLS, metadata contexts),
+// request.go (the per-command validation table), transmission.go (the
+// request loop and the handlers), reply.go (reply encoding, buffer
+// pools), server.go (Export, Config, Server lifecycle).
+//
+// What a client gets:
+//
+//   - the fixed newstyle handshake with NBD_FLAG_NO_ZEROES; options
+//     EXPORT_NAME, ABORT, LIST, STARTTLS, INFO and GO (INFO_EXPORT,
+//     INFO_NAME, INFO_DESCRIPTION, INFO_BLOCK_SIZE: minimum 1, preferred
+//     4096, maximum Config.MaxPayload), STRUCTURED_REPLY,
+//     LIST_META_CONTEXT and SET_META_CONTEXT; any other option gets
+//     NBD_REP_ERR_UNSUP and the handshake goes on;
+//   - metadata contexts base:allocation (NBD_STATE_HOLE and
+//     NBD_STATE_ZERO from block.Extent's Status) and
+//     qemu:allocation-depth (block.Extent's Depth: 0 unallocated, 1
+//     this layer, 2 and up the backing chain), as QEMU documents it in
+//     docs/interop/nbd.txt;
+//   - commands READ, WRITE, DISC, FLUSH, TRIM, CACHE (a successful
+//     no-op), WRITE_ZEROES (NO_HOLE, FAST_ZERO) and BLOCK_STATUS
+//     (REQ_ONE); FUA on any command, DF on READ.
+//
+// Query syntax for the metadata contexts: "base:allocation" and
+// "qemu:allocation-depth" select themselves; in LIST_META_CONTEXT, a
+// bare "base:" or "qemu:" lists the namespace and no query lists both;
+// anything else is ignored.
+//
+// Invariants:
+//
+//  1. Every request is checked by validate (request.go) before a handler
+//     runs; a handler never sees a range outside the export, a flag the
+//     command does not take, or a write on a read-only export.
+//  2. Bytes after a request header are read only for WRITE, and always
+//     for WRITE (into a buffer, or discarded when the request is refused)
+//     so the stream stays in sync; a refused payload longer than 64 MiB
+//     ends the connection after the error reply.
+//  3. A READ reply is written only after all of its data was read, so an
+//     error is never reported after a success header. With structured
+//     replies, every READ reply is structured (errors too), its chunks
+//     cover the request exactly once and the last carries
+//     NBD_REPLY_FLAG_DONE.
+//  4. Replies are written whole under one mutex; chunks of one reply are
+//     never interleaved with another reply.
+//  5. No connection buffers more than 2 × MaxPayload bytes of requests in
+//     service, nor more than MaxInFlight requests: the reader stops
+//     reading until a handler finishes. The handshake allocates at most
+//     64 KiB per option and is bounded in time.
+//  6. A connection ends only after its requests in service have finished
+//     and replied; the device is flushed if it was written since the
+//     last successful flush on that connection.
+//
+// Order for callers: open the devices, New(Config), Serve on each
+// listener (it blocks), then Shutdown (graceful) or Close; close the
+// devices last. The Server never closes a device.
+//
+// Not done here: oldstyle and non-fixed newstyle-only negotiation (a
+// client without NBD_FLAG_C_FIXED_NEWSTYLE is still served, but not with
+// TLS), extended headers (NBD_OPT_EXTENDED_HEADERS is refused with
+// NBD_REP_ERR_UNSUP, so QEMU 8.2+ falls back to structured replies),
+// SELECTIVETLS, NBD_CMD_RESIZE, qemu:dirty-bitmap contexts, and a
+// minimum block size above 1.
+package nbd
