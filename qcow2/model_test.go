@@ -184,13 +184,13 @@ func (c mdlConfig) createOptions(dir, backing string) CreateOptions {
 func mdlDrawConfig(t *rapid.T, maxSize int64) mdlConfig {
 	var c mdlConfig
 	c.ClusterSize = rapid.SampledFrom([]int64{512, 4096, 65536}).Draw(t, "cluster_size")
-	c.Compat = rapid.SampledFrom([]string{"1.1", "0.10"}).Draw(t, "compat")
+	c.Compat = rapid.SampledFrom([]string{"1.1", "0.10", "1.1"}).Draw(t, "compat")
 	c.RefcountBits = 16
 	c.Compression = "zlib"
 	if !c.v2() {
 		c.RefcountBits = rapid.SampledFrom([]int{16, 1, 64}).Draw(t, "refcount_bits")
 		if c.ClusterSize >= 16384 {
-			c.ExtendedL2 = rapid.Bool().Draw(t, "extended_l2")
+			c.ExtendedL2 = rapid.IntRange(0, 2).Draw(t, "extended_l2") > 0
 		}
 		c.Lazy = rapid.Bool().Draw(t, "lazy_refcounts")
 		c.Compression = rapid.SampledFrom([]string{"zlib", "zstd"}).Draw(t, "compression_type")
@@ -237,14 +237,24 @@ func mdlDrawConfig(t *rapid.T, maxSize int64) mdlConfig {
 // ---------------------------------------------------------------------------
 // Helpers
 
+// mdlFills is the number of fill kinds of mdlFill.
+const mdlFills = 5
+
 // mdlFill returns n bytes of one of several shapes: random, constant,
-// zeros, or compressible text-like runs.
+// zeros, compressible text-like runs, or a random prefix of random length
+// followed by a constant (compressing to about the prefix's size).
 func mdlFill(kind int, seed uint64, n int64) []byte {
 	p := make([]byte, n)
 	r := rand.New(rand.NewSource(int64(seed)))
 	switch kind {
 	case 0: // random
 		r.Read(p)
+	case 4: // random prefix
+		k := r.Int63n(n + 1)
+		r.Read(p[:k])
+		for i := k; i < n; i++ {
+			p[i] = 0x5a
+		}
 	case 1: // constant
 		b := byte(seed) | 1
 		for i := range p {
@@ -331,7 +341,7 @@ func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
 		for i := 0; i < nw; i++ {
 			off := rapid.Int64Range(0, bs-1).Draw(t, "base_off")
 			n := rapid.Int64Range(1, min(bs-off, 256<<10)).Draw(t, "base_len")
-			copy(content[off:], mdlFill(rapid.IntRange(0, 3).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n))
+			copy(content[off:], mdlFill(rapid.IntRange(0, mdlFills-1).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n))
 		}
 		if err := os.WriteFile(path, content, 0o644); err != nil {
 			t.Fatal(err)
@@ -350,37 +360,26 @@ func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
 		if err := mdlRun("qemu-img", args...); err != nil {
 			t.Fatal(err)
 		}
+		// Plain and zero writes first, then compressed writes of whole
+		// clusters that nothing else touched: QEMU writes compressed
+		// clusters only where nothing is allocated, and QEMU 7.2 corrupts
+		// its own images when it zeroes over compressed clusters.
 		io := []string{"-f", format}
-		// QEMU writes compressed clusters only where nothing is allocated.
 		touched := map[int64]bool{}
-		touch := func(off, n int64) {
-			for c := off / bcs; c <= (off+n-1)/bcs; c++ {
-				touched[c] = true
-			}
-		}
+		var compressed []int64
 		nw := rapid.IntRange(0, 8).Draw(t, "base_writes")
 		for i := 0; i < nw; i++ {
 			pat := rapid.IntRange(1, 255).Draw(t, "base_pattern")
 			kind := rapid.IntRange(0, 2).Draw(t, "base_kind")
-			// (QEMU 7.2 corrupts its own images after compressed
-			// writes with 512-byte clusters followed by zero writes.)
-			if kind == 2 && format == "qcow2" && bs >= bcs && bcs >= 4096 {
-				// Compressed write of a whole, untouched cluster.
-				cl := rapid.Int64Range(0, bs/bcs-1).Draw(t, "base_cluster")
-				off, n := cl*bcs, bcs
-				if touched[cl] {
-					continue
-				}
-				touch(off, n)
-				io = append(io, "-c", fmt.Sprintf("write -c -P %d %d %d", pat, off, n))
-				for j := off; j < off+n; j++ {
-					content[j] = byte(pat)
-				}
+			if kind == 2 && format == "qcow2" && bs >= bcs {
+				compressed = append(compressed, rapid.Int64Range(0, bs/bcs-1).Draw(t, "base_cluster"), int64(pat))
 				continue
 			}
 			off := rapid.Int64Range(0, bs/512-1).Draw(t, "base_sector") * 512
 			n := rapid.Int64Range(1, min((bs-off)/512, 512)).Draw(t, "base_sectors") * 512
-			touch(off, n)
+			for c := off / bcs; c <= (off+n-1)/bcs; c++ {
+				touched[c] = true
+			}
 			if kind == 1 {
 				io = append(io, "-c", fmt.Sprintf("write -z %d %d", off, n))
 				clear(content[off : off+n])
@@ -391,9 +390,26 @@ func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
 				}
 			}
 		}
-		if nw > 0 {
+		for i := 0; i < len(compressed); i += 2 {
+			cl, pat := compressed[i], compressed[i+1]
+			if touched[cl] {
+				continue
+			}
+			touched[cl] = true
+			off := cl * bcs
+			io = append(io, "-c", fmt.Sprintf("write -c -P %d %d %d", pat, off, bcs))
+			for j := off; j < off+bcs; j++ {
+				content[j] = byte(pat)
+			}
+		}
+		if len(io) > 2 {
 			if err := mdlRun("qemu-io", append(io, path)...); err != nil {
 				t.Fatal(err)
+			}
+		}
+		if format == "qcow2" {
+			if err := mdlQemuCheck(path); err != nil {
+				t.Fatalf("base made by qemu-io: %v", err)
 			}
 		}
 		return path, content
@@ -422,7 +438,7 @@ func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
 				clear(content[off : off+n])
 				continue
 			}
-			p := mdlFill(rapid.IntRange(0, 3).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n)
+			p := mdlFill(rapid.IntRange(0, mdlFills-1).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n)
 			if _, err := img.WriteAt(p, off, false); err != nil {
 				t.Fatalf("base write: %v", err)
 			}
@@ -800,7 +816,7 @@ func TestModel(t *testing.T) {
 		size, cs := cfg.Size, cfg.ClusterSize
 		opKinds := []string{"write", "write", "write", "zero", "zero", "discard", "discard", "compressed", "compressed",
 			"flush", "read", "read", "reopen", "bigwrite", "edge", "crash"}
-		nops := rapid.IntRange(1, 40).Draw(rt, "nops")
+		nops := rapid.IntRange(1, 60).Draw(rt, "nops")
 		for i := 0; i < nops; i++ {
 			op := rapid.SampledFrom(opKinds).Draw(rt, "op")
 			switch op {
@@ -812,7 +828,7 @@ func TestModel(t *testing.T) {
 					off = rapid.Int64Range(0, size-1).Draw(rt, "bw_off")
 					n = rapid.Int64Range(1, min(size-off, 1<<20)).Draw(rt, "bw_len")
 				}
-				fill := rapid.IntRange(0, 3).Draw(rt, "fill")
+				fill := rapid.IntRange(0, mdlFills-1).Draw(rt, "fill")
 				p := mdlFill(fill, rapid.Uint64().Draw(rt, "seed"), n)
 				fua := rapid.IntRange(0, 4).Draw(rt, "fua") == 0
 				s.op("WriteAt(off=%d, len=%d, fill=%d, fua=%v)", off, n, fill, fua)
@@ -850,18 +866,23 @@ func TestModel(t *testing.T) {
 				if cfg.DataFile {
 					continue
 				}
-				c := rapid.Int64Range(0, (size-1)/cs).Draw(rt, "ccluster")
-				off := c * cs
-				n := min(cs, size-off)
-				fill := rapid.IntRange(0, 3).Draw(rt, "cfill")
-				p := mdlFill(fill, rapid.Uint64().Draw(rt, "cseed"), n)
-				s.op("WriteCompressed(off=%d, len=%d, fill=%d)", off, n, fill)
-				if err := s.img.WriteCompressed(p, off); err != nil {
-					s.fatalf("WriteCompressed(%d, %d): %v", off, n, err)
+				// One cluster or a run of them, as qemu-img convert -c
+				// writes them.
+				c0 := rapid.Int64Range(0, (size-1)/cs).Draw(rt, "ccluster")
+				run := rapid.Int64Range(1, 8).Draw(rt, "cclusters")
+				for c := c0; c < min(c0+run, (size+cs-1)/cs); c++ {
+					off := c * cs
+					n := min(cs, size-off)
+					fill := rapid.IntRange(0, mdlFills-1).Draw(rt, "cfill")
+					p := mdlFill(fill, rapid.Uint64().Draw(rt, "cseed"), n)
+					s.op("WriteCompressed(off=%d, len=%d, fill=%d)", off, n, fill)
+					if err := s.img.WriteCompressed(p, off); err != nil {
+						s.fatalf("WriteCompressed(%d, %d): %v", off, n, err)
+					}
+					s.model.write(p, off)
+					s.pending = append(s.pending, mdlPending{off: off, n: n, data: p})
+					s.verifyAround("after compressed write", off, n)
 				}
-				s.model.write(p, off)
-				s.pending = append(s.pending, mdlPending{off: off, n: n, data: p})
-				s.verifyAround("after compressed write", off, n)
 			case "flush":
 				s.op("Flush()")
 				if err := s.img.Flush(); err != nil {
@@ -1002,7 +1023,7 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 		var what string
 		switch op := r.Intn(10); {
 		case op < 5:
-			p := mdlFill(r.Intn(4), r.Uint64(), k)
+			p := mdlFill(r.Intn(mdlFills), r.Uint64(), k)
 			fua := r.Intn(8) == 0
 			what = fmt.Sprintf("WriteAt(%d, %d, fua=%v)", off, k, fua)
 			_, err = img.WriteAt(p, off, fua)
@@ -1022,7 +1043,7 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 			}
 			off = off / cs * cs
 			k = min(cs, lay.size-off)
-			p := mdlFill(r.Intn(4), r.Uint64(), k)
+			p := mdlFill(r.Intn(mdlFills), r.Uint64(), k)
 			what = fmt.Sprintf("WriteCompressed(%d, %d)", off, k)
 			err = img.WriteCompressed(p, off)
 			cm.do(func(m *mdlModel) { m.write(p, off) })
@@ -1053,9 +1074,9 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 
 func TestModelConcurrent(t *testing.T) {
 	mdlHaveQemu(t)
-	checks := 8
+	checks := 15
 	if testing.Short() {
-		checks = 3
+		checks = 4
 	}
 	mdlCheck(t, checks, func(rt *rapid.T) {
 		dir, err := os.MkdirTemp(t.TempDir(), "conc")
@@ -1078,7 +1099,19 @@ func TestModelConcurrent(t *testing.T) {
 		if err := cfg.create(path, backing); err != nil {
 			fail("Create: %v", err)
 		}
-		img, err := Open(path, Options{})
+		// Sometimes with random delays in file I/O, to vary the
+		// interleavings, and tiny caches.
+		o := mdlDrawOpenOptions(rt, cfg.ClusterSize)
+		if jitter := rapid.IntRange(0, 2).Draw(rt, "io_jitter") == 0; jitter {
+			o.OpenFile = func(name string, ro bool) (block.File, error) {
+				f, err := block.OpenFile(name, ro)
+				if err != nil {
+					return nil, err
+				}
+				return &mdlJitterFile{File: f}, nil
+			}
+		}
+		img, err := Open(path, o)
 		if err != nil {
 			fail("Open: %v", err)
 		}
@@ -1090,8 +1123,8 @@ func TestModelConcurrent(t *testing.T) {
 		}()
 
 		cs, size := cfg.ClusterSize, cfg.Size
-		workers := rapid.IntRange(2, 4).Draw(rt, "workers")
-		nops := rapid.IntRange(10, 60).Draw(rt, "ops_per_worker")
+		workers := rapid.IntRange(2, 6).Draw(rt, "workers")
+		nops := rapid.IntRange(20, 150).Draw(rt, "ops_per_worker")
 		nclusters := (size + cs - 1) / cs
 		lay := &mdlLayout{cs: cs, size: size}
 		// Frozen, shared, then one owned region per worker.
@@ -1324,4 +1357,152 @@ func TestReproPreallocRefcountBits64(t *testing.T) {
 			t.Errorf("Create(cluster_size=%d refcount_bits=64 preallocation=metadata size=%d) has not returned after 5s", cs, o.Size)
 		}
 	}
+}
+
+// TestReproReadRacesClusterReuse: a read that mapped a cluster can read its
+// host cluster after a concurrent writer replaced the mapping, a flush
+// released the old host cluster and another write reused it. The reader
+// then gets another guest cluster's data, or, for a compressed cluster, a
+// decompression error. Expected: a read concurrent with writes to the same
+// range returns old or new data, never an error or foreign data.
+func TestReproReadRacesClusterReuse(t *testing.T) {
+	const cs = 65536
+	path := filepath.Join(t.TempDir(), "img.qcow2")
+	if err := Create(path, CreateOptions{Size: 8 * cs, ClusterSize: cs}); err != nil {
+		t.Fatal(err)
+	}
+	// Reads of whole clusters are slowed down to widen the window between
+	// mapping and reading.
+	img, err := Open(path, Options{OpenFile: func(name string, ro bool) (block.File, error) {
+		f, err := block.OpenFile(name, ro)
+		if err != nil {
+			return nil, err
+		}
+		return mdlSlowFile{File: f, min: 4096, delay: 2 * time.Millisecond}, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	// Cluster 0 only ever holds bytes 1..200 (compressed or not); clusters
+	// 1..7 only 0xee.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var first error
+	fail := func(err error) {
+		errMu.Lock()
+		if first == nil {
+			first = err
+		}
+		errMu.Unlock()
+	}
+	loop := func(f func(i int) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := f(i); err != nil {
+					fail(err)
+					return
+				}
+			}
+		}()
+	}
+	loop(func(i int) error { // rewrites cluster 0, freeing its old host cluster
+		p := bytes.Repeat([]byte{byte(i%200 + 1)}, cs)
+		if i%2 == 0 {
+			return img.WriteCompressed(p, 0)
+		}
+		if err := img.Discard(0, cs); err != nil {
+			return err
+		}
+		_, err := img.WriteAt(p, 0, false)
+		return err
+	})
+	loop(func(i int) error { // allocates and frees clusters 1..7
+		c := int64(i%7 + 1)
+		if err := img.Discard(c*cs, cs); err != nil {
+			return err
+		}
+		_, err := img.WriteAt(bytes.Repeat([]byte{0xee}, cs), c*cs, false)
+		return err
+	})
+	loop(func(int) error { return img.Flush() })
+	loop(func(int) error { // reads cluster 0
+		p := make([]byte, cs)
+		if _, err := img.ReadAt(p, 0); err != nil {
+			return fmt.Errorf("ReadAt(cluster 0): %w", err)
+		}
+		if i := bytes.IndexByte(p, 0xee); i >= 0 {
+			return fmt.Errorf("ReadAt(cluster 0) returned byte 0xee at %d, written only to clusters 1..7", i)
+		}
+		return nil
+	})
+	deadline := time.After(3 * time.Second)
+	for done := false; !done; {
+		select {
+		case <-deadline:
+			done = true
+		case <-time.After(10 * time.Millisecond):
+			errMu.Lock()
+			done = first != nil
+			errMu.Unlock()
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if first != nil {
+		t.Fatal(first)
+	}
+}
+
+// mdlSlowFile delays reads of at least min bytes.
+type mdlSlowFile struct {
+	block.File
+	min   int
+	delay time.Duration
+}
+
+func (f mdlSlowFile) ReadAt(p []byte, off int64) (int, error) {
+	if len(p) >= f.min {
+		time.Sleep(f.delay)
+	}
+	return f.File.ReadAt(p, off)
+}
+
+// mdlJitterFile sleeps for a random few hundred microseconds before some
+// reads and writes.
+type mdlJitterFile struct {
+	block.File
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func (f *mdlJitterFile) pause() {
+	f.mu.Lock()
+	if f.r == nil {
+		f.r = rand.New(rand.NewSource(time.Now().UnixNano()))
+	}
+	d := time.Duration(f.r.Intn(400)) * time.Microsecond
+	skip := f.r.Intn(3) == 0
+	f.mu.Unlock()
+	if !skip {
+		time.Sleep(d)
+	}
+}
+
+func (f *mdlJitterFile) ReadAt(p []byte, off int64) (int, error) {
+	f.pause()
+	return f.File.ReadAt(p, off)
+}
+
+func (f *mdlJitterFile) WriteAt(p []byte, off int64) (int, error) {
+	f.pause()
+	return f.File.WriteAt(p, off)
 }

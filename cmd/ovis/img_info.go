@@ -1,0 +1,35 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+)
+
+func newImgInfoCmd() *cobra.Command {
+	var (
+		cfg        img.InfoConfig
+		forceShare bool
+	)
+	cmd := &cobra.Command{
+		Use:   "info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILENAME",
+		Short: "Describe an image",
+		Long: "Print what qemu-img info prints for the image: sizes, backing file, snapshots\n" +
+			"and format-specific fields, as text or as JSON with the same keys and order.",
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return img.UsageError("Expecting one image file name")
+			}
+			cfg.Filename = args[0]
+			return img.Info(cfg, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&cfg.Format, "format", "f", "", "image format (default: probe)")
+	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
+	f.BoolVar(&cfg.BackingChain, "backing-chain", false, "describe every image of the backing chain")
+	// ovis takes no image locks, so -U (force share) changes nothing.
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	return cmd
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a Debian machine, then vets and tests
+# every package. QEMU's tools are the oracle the tests compare with, so
+# they are installed rather than skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(qemu-utils fio libnbd-bin nbdkit)
+tools=(qemu-img fio nbdinfo nbdkit)
+
+missing=()
+for i in "${!tools[@]}"; do
+	command -v "${tools[$i]}" >/dev/null 2>&1 || missing+=("${packages[$i]}")
+done
+if ((${#missing[@]})); then
+	sudo=()
+	if [ "$(id -u)" -ne 0 ]; then
+		sudo=(sudo)
+	fi
+	echo "installing ${missing[*]}"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+	export PATH="$PATH:/usr/local/go/bin"
+fi
+go version
+
+go vet ./...
+go test -race -timeout 20m ./...
