@@ -344,7 +344,12 @@ func TestDecompressMemory(t *testing.T) {
 			runtime.ReadMemStats(&after)
 			// One cold decoder (history for a window of one cluster plus
 			// fixed block buffers) is allowed; repeated calls reuse it.
-			const limit = 1<<20 + 4*n
+			limit := uint64(1<<20 + 4*n)
+			if underRace() {
+				// The race detector's sync.Pool drops items at random,
+				// so a second cold decoder may be built.
+				limit *= 2
+			}
 			if got := after.TotalAlloc - before.TotalAlloc; got > limit {
 				t.Fatalf("10 decompressions allocated %d bytes, limit %d", got, limit)
 			}

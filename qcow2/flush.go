@@ -87,6 +87,12 @@ func (img *Image) flushLocked() error {
 	if len(frees) == 0 {
 		return nil
 	}
+	// Data I/O that mapped a freed cluster before its L2 entry changed
+	// may still be running: let it finish before the cluster can be
+	// reused.
+	img.mu.Lock()
+	img.waitUsersLocked()
+	img.mu.Unlock()
 	i := 0
 	err := img.withMetadata(func() error {
 		for ; i < len(frees); i++ {

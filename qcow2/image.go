@@ -98,6 +98,51 @@ type Image struct {
 	closed      bool
 
 	stopClean, cleanDone chan struct{} // cache-clean-interval goroutine
+
+	// users counts data I/O in flight per epoch, for I/O that mapped a
+	// guest range to host clusters and then released mu. Flush bumps
+	// usersEpoch and waits for the older epochs to drain before it lets
+	// freed clusters be reused, so no reader or in-place writer touches a
+	// cluster that now belongs to another guest offset.
+	usersEpoch uint64
+	users      map[uint64]int
+	usersCond  *sync.Cond
+}
+
+// enterLocked registers data I/O about to use a mapping just looked up.
+func (img *Image) enterLocked() uint64 {
+	e := img.usersEpoch
+	img.users[e]++
+	return e
+}
+
+// exit ends data I/O registered by enterLocked.
+func (img *Image) exit(e uint64) {
+	img.mu.Lock()
+	if img.users[e]--; img.users[e] == 0 {
+		delete(img.users, e)
+		img.usersCond.Broadcast()
+	}
+	img.mu.Unlock()
+}
+
+// waitUsersLocked waits until all data I/O that mapped before now is done.
+func (img *Image) waitUsersLocked() {
+	old := img.usersEpoch
+	img.usersEpoch++
+	for {
+		busy := false
+		for e := range img.users {
+			if e <= old {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return
+		}
+		img.usersCond.Wait()
+	}
 }
 
 var _ block.Device = (*Image)(nil)
@@ -152,9 +197,11 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 		lazy:        h.LazyRefcounts(),
 		v3:          h.Version >= 3,
 		inflight:    make(map[int64]chan struct{}),
+		users:       make(map[uint64]int),
 		l1Dirty:     make(map[int]struct{}),
 		rtDirty:     make(map[int]struct{}),
 	}
+	img.usersCond = sync.NewCond(&img.mu)
 	img.nsub, img.subSize = 1, img.clusterSize
 	if img.extL2 {
 		img.nsub, img.subSize = subclustersPerCluster, img.clusterSize/subclustersPerCluster

@@ -118,19 +118,27 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	done := 0
 	var segs []segment
 	for done < len(p) {
+		var epoch uint64
 		err := img.withMetadata(func() error {
 			var err error
 			segs, err = img.mapRangeLocked(off+int64(done), int64(len(p)-done), segs[:0])
+			if err == nil {
+				epoch = img.enterLocked()
+			}
 			return err
 		})
 		if err != nil {
 			return done, err
 		}
 		for _, s := range segs {
-			if err := img.readSegment(p[done:done+int(s.n)], off+int64(done), s); err != nil {
-				return done, err
+			if err = img.readSegment(p[done:done+int(s.n)], off+int64(done), s); err != nil {
+				break
 			}
 			done += int(s.n)
+		}
+		img.exit(epoch)
+		if err != nil {
+			return done, err
 		}
 	}
 	return done, nil

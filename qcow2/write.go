@@ -166,7 +166,7 @@ func (img *Image) release(c int64) {
 func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
 	s0 := int(in / img.subSize)
 	s1 := int((in + int64(len(p)) - 1) / img.subSize)
-	var host uint64
+	var host, epoch uint64
 	claimed, err := img.claim(c, func() (bool, error) {
 		m, err := img.lookupLocked(c)
 		if err != nil {
@@ -182,13 +182,16 @@ func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
 			}
 		}
 		host = h
+		epoch = img.enterLocked()
 		return true, nil
 	})
 	if err != nil {
 		return false, err
 	}
 	if !claimed {
-		if _, err := img.data.WriteAt(p, int64(host)+in); err != nil {
+		_, err := img.data.WriteAt(p, int64(host)+in)
+		img.exit(epoch)
+		if err != nil {
 			return false, fmt.Errorf("qcow2: writing data at host offset %#x: %w", int64(host)+in, err)
 		}
 		return false, nil
