@@ -198,3 +198,6 @@ func (d *DirectFile) Close() error { return d.f.Close() }
 
 // Fd returns the file descriptor.
 func (d *DirectFile) Fd() uintptr { return d.f.Fd() }
+
+// Name returns the path the file was opened with.
+func (d *DirectFile) Name() string { return d.f.Name() }

@@ -1,0 +1,79 @@
+package block
+
+import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+)
+
+// MapExtent describes where a run of a device's data lives, as qemu-img
+// map reports it.
+type MapExtent struct {
+	Length int64
+	// Depth is the layer that decided the run's status: 0 for the image
+	// itself, 1 for its backing file, and so on.
+	Depth int
+	// Present is set when some layer allocates the run (data or zeros).
+	Present bool
+	Zero    bool
+	Data    bool
+	// Offset is the run's offset in File, or -1 when it has none (zeros
+	// without a host cluster, compressed data).
+	Offset int64
+	// File is the name of the file that holds the run.
+	File string
+}
+
+// Mapper is implemented by devices that can say where their data lives
+// (qemu-img map).
+type Mapper interface {
+	MapAt(off, n int64) (MapExtent, error)
+}
+
+// FileHole reports whether [off, off+n) of f starts with a hole and how
+// long that hole (or data) run is, from SEEK_DATA/SEEK_HOLE. Files that
+// cannot tell report data.
+func FileHole(f File, off, n int64) (hole bool, length int64) {
+	fd, ok := f.(interface{ Fd() uintptr })
+	if !ok || n <= 0 {
+		return false, n
+	}
+	d, err := unix.Seek(int(fd.Fd()), off, unix.SEEK_DATA)
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return true, n
+	case err != nil:
+		return false, n
+	case d > off:
+		return true, min(n, d-off)
+	}
+	h, err := unix.Seek(int(fd.Fd()), off, unix.SEEK_HOLE)
+	if err != nil || h <= off {
+		return false, n
+	}
+	return false, min(n, h-off)
+}
+
+// MapAt reports where [off, off+n) of a raw file lives: at the same
+// offset of the file itself, holes as zeros, as qemu-img map shows raw
+// images.
+func (r *Raw) MapAt(off, n int64) (MapExtent, error) {
+	e, err := r.Extent(off, n)
+	if err != nil {
+		return MapExtent{}, err
+	}
+	m := MapExtent{Length: e.Length, Present: true, Offset: off, File: fileName(r.f)}
+	if e.Status&StatusZero != 0 {
+		m.Zero = true
+	} else {
+		m.Data = true
+	}
+	return m, nil
+}
+
+func fileName(f File) string {
+	if n, ok := f.(interface{ Name() string }); ok {
+		return n.Name()
+	}
+	return ""
+}
