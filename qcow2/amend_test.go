@@ -80,7 +80,6 @@ func TestAmend(t *testing.T) {
 	}
 }
 
-
 func TestSetBacking(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "t.qcow2")
