@@ -1,0 +1,68 @@
+# Shared helpers for the side-by-side benchmarks: build ovis, start an NBD
+# server (ovis or qemu-nbd) on a unix socket, run fio against it, and
+# summarise with medians. Sourced by the bench/*.sh scripts.
+set -euo pipefail
+
+BENCH_DIR=${BENCH_DIR:-$(mktemp -d /var/tmp/ovis-bench.XXXXXX)}
+OVIS=${OVIS:-$BENCH_DIR/ovis}
+export PATH=$PATH:/usr/local/go/bin
+
+need_tools() {
+	local missing=()
+	for t in qemu-img qemu-nbd fio python3; do
+		command -v "$t" >/dev/null || missing+=("$t")
+	done
+	if ((${#missing[@]})); then
+		echo "installing qemu-utils fio python3 for ${missing[*]}" >&2
+		sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+		$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq qemu-utils fio python3 >/dev/null
+	fi
+}
+
+build_ovis() {
+	(cd "$(dirname "${BASH_SOURCE[0]}")/.." && go build -o "$OVIS" ./cmd/ovis)
+}
+
+SERVER_PID=""
+# start_server KIND SOCKET ARGS... — KIND is ovis or qemu; ARGS are the
+# server's own flags and the image. Waits until the socket accepts.
+start_server() {
+	local kind=$1 sock=$2; shift 2
+	rm -f "$sock"
+	case $kind in
+	ovis) "$OVIS" nbd -k "$sock" -t "$@" 2>"$BENCH_DIR/server.log" & ;;
+	qemu) qemu-nbd -k "$sock" -t "$@" 2>"$BENCH_DIR/server.log" & ;;
+	esac
+	SERVER_PID=$!
+	for _ in $(seq 200); do
+		[ -S "$sock" ] && return 0
+		sleep 0.05
+	done
+	echo "server $kind did not start:" >&2
+	cat "$BENCH_DIR/server.log" >&2
+	return 1
+}
+
+stop_server() {
+	if [ -n "$SERVER_PID" ]; then
+		kill "$SERVER_PID" 2>/dev/null || true
+		wait "$SERVER_PID" 2>/dev/null || true
+		SERVER_PID=""
+	fi
+}
+trap stop_server EXIT
+
+# fio_iops SOCKET RUNTIME FIO-ARGS... — prints read+write IOPS.
+fio_iops() {
+	local sock=$1 runtime=$2; shift 2
+	fio --name=b --ioengine=nbd --uri="nbd+unix:///?socket=$sock" \
+		--time_based --runtime="$runtime" --ramp_time=1 --output-format=json "$@" 2>/dev/null |
+		python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"]; print(round(sum(x["read"]["iops"]+x["write"]["iops"] for x in j)))'
+}
+
+# median N... — the median of its arguments.
+median() {
+	printf '%s\n' "$@" | sort -n | python3 -c 'import sys; v=[float(l) for l in sys.stdin if l.strip()]; v.sort(); n=len(v); print(round(v[n//2] if n%2 else (v[n//2-1]+v[n//2])/2))'
+}
+
+ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
