@@ -12,7 +12,7 @@ type Collector struct {
 	name string
 
 	hits, misses, evictions, writebacks, loads *prometheus.Desc
-	entries, capacity, entryBytes             *prometheus.Desc
+	entries, capacity, entryBytes              *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
