@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Reproduces QEMU's L2-cache study: 4 KiB random reads (fio, ioengine=nbd,
+# iodepth 16) from metadata-preallocated 20 GiB and 40 GiB qcow2 images
+# with 64 KiB clusters (one L2 table maps 512 MiB), for several L2 cache
+# sizes, against `ovis nbd` with each eviction policy and against qemu-nbd,
+# in turn within one run. Prints IOPS and the ratio ovis(lru)/qemu per row.
+#
+# Variants (VARIANTS, space separated): direct (host cache off, the
+# study's setting), hostcache (page cache on), slice4k
+# (l2-cache-entry-size=4096, host cache off).
+#
+# Usage: bench/l2cache.sh [RUNTIME s (default 8)] [REPS (default 1)]
+# Output: a table on stdout and CSV in $BENCH_DIR/l2cache.csv.
+source "$(dirname "$0")/lib.sh"
+RUNTIME=${1:-8}
+REPS=${2:-1}
+VARIANTS=${VARIANTS:-"direct hostcache slice4k"}
+POLICIES=${POLICIES:-"lru hitcount hitcount-floor"}
+need_tools
+build_ovis
+cd "$BENCH_DIR"
+for g in 20 40; do
+	[ -f "d$g.qcow2" ] || qemu-img create -f qcow2 -o preallocation=metadata,cluster_size=65536 "d$g.qcow2" "${g}G" >/dev/null
+done
+sock=$BENCH_DIR/nbd.sock
+csv=$BENCH_DIR/l2cache.csv
+echo "variant,disk_gib,entries,server,iops" >"$csv"
+
+run() { # SERVER-KIND ARGS... ; prints median IOPS over REPS
+	local kind=$1; shift
+	local v=()
+	for _ in $(seq "$REPS"); do
+		start_server "$kind" "$sock" "$@"
+		v+=("$(fio_iops "$sock" "$RUNTIME" --rw=randread --bs=4k --iodepth=16)")
+		stop_server
+	done
+	median "${v[@]}"
+}
+
+for variant in $VARIANTS; do
+	echo "== $variant"
+	printf '%-5s %-7s' disk entries
+	for p in $POLICIES; do printf ' %14s' "$p"; done
+	printf ' %10s %7s\n' qemu lru/qemu
+	for row in 20:16 20:24 20:32 20:40 40:16 40:40 40:72 40:78 40:80; do
+		g=${row%%:*} n=${row##*:}
+		bytes=$((n * 65536))
+		ocache=none qdirect=on slice=65536
+		case $variant in
+		hostcache) ocache=writeback qdirect=off ;;
+		slice4k) slice=4096 ;;
+		esac
+		printf '%-5s %-7s' "${g}G" "$n"
+		declare -A r=()
+		for p in $POLICIES; do
+			r[$p]=$(run ovis -f qcow2 --cache="$ocache" --l2-cache-size="$bytes" \
+				--l2-cache-entry-size="$slice" --l2-cache-policy="$p" "d$g.qcow2")
+			printf ' %14s' "${r[$p]}"
+			echo "$variant,$g,$n,ovis-$p,${r[$p]}" >>"$csv"
+		done
+		q=$(run qemu --image-opts \
+			"driver=qcow2,file.driver=file,file.filename=d$g.qcow2,cache.direct=$qdirect,l2-cache-size=$bytes,l2-cache-entry-size=$slice")
+		echo "$variant,$g,$n,qemu,$q" >>"$csv"
+		printf ' %10s %7s\n' "$q" "$(ratio "${r[lru]:-0}" "$q")"
+	done
+done
+echo "csv: $csv"
