@@ -24,7 +24,7 @@ hot_cold() {
 		--output-format=json \
 		--name=hot --rw=randread --bs=4k --iodepth=8 --offset=0 --size=4G \
 		--name=cold --rw=read:64M --bs=4k --iodepth=8 --offset=4G --size=36G 2>/dev/null |
-		python3 -c 'import json,sys; j={x["jobname"]:x["read"]["iops"] for x in json.load(sys.stdin)["jobs"]}; print(round(j["hot"]), round(j["hot"]+j["cold"]))'
+		python3 -c 'import json,sys; j={x["jobname"]:x["read"]["iops"] for x in json.loads((lambda t: t[t.index("{"):])(sys.stdin.read()))["jobs"]}; print(round(j["hot"]), round(j["hot"]+j["cold"]))'
 }
 
 printf '%-16s %10s %10s   (runs: hot/total)\n' server hot total

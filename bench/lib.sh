@@ -57,7 +57,7 @@ fio_iops() {
 	local sock=$1 runtime=$2; shift 2
 	fio --name=b --ioengine=nbd --uri="nbd+unix:///?socket=$sock" \
 		--time_based --runtime="$runtime" --ramp_time=1 --output-format=json "$@" 2>/dev/null |
-		python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"]; print(round(sum(x["read"]["iops"]+x["write"]["iops"] for x in j)))'
+		python3 -c 'import json,sys; j=json.loads((lambda t: t[t.index("{"):])(sys.stdin.read()))["jobs"]; print(round(sum(x["read"]["iops"]+x["write"]["iops"] for x in j)))'
 }
 
 # median N... — the median of its arguments.
