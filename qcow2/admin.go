@@ -211,6 +211,39 @@ func (img *Image) refreshCopiedLocked() error {
 	return nil
 }
 
+// clearCopiedLocked clears the COPIED flags of the active L1 table and
+// of every entry of the L2 tables it references.
+func (img *Image) clearCopiedLocked() error {
+	for i, e := range img.l1 {
+		l2off := e & l1OffsetMask
+		if l2off == 0 {
+			continue
+		}
+		if e&flagCopied != 0 {
+			img.l1[i] = e &^ flagCopied
+			img.l1Dirty[i] = struct{}{}
+		}
+		buf, err := img.readTableFile(l2off, img.clusterSize)
+		if err != nil {
+			return err
+		}
+		changed := false
+		for j := int64(0); j < img.l2Entries; j++ {
+			if m := img.readEntry(buf, j); m.entry&flagCopied != 0 && m.entry&flagCompressed == 0 {
+				m.entry &^= flagCopied
+				img.writeEntry(buf, j, m)
+				changed = true
+			}
+		}
+		if changed {
+			if err := img.writeTableLocked(l2off, buf); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // writeTableLocked writes a whole L2 table and drops its cached slices.
 func (img *Image) writeTableLocked(off uint64, buf []byte) error {
 	img.forgetTableLocked(off)
@@ -308,15 +341,22 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 		if err := sn.checkEncodable(); err != nil {
 			return err
 		}
-		// 1. Count the new references, durably.
-		if err := img.addTreeRefsLocked(img.l1, 1); err != nil {
+		// 1. Nothing in the active tables will be exclusively ours: clear
+		// the COPIED flags first. A crash now leaves flags clear on
+		// clusters with refcount 1, which only costs a needless copy
+		// (qemu-img check counts it, and -r all fixes it); the other
+		// order would leave flags set on shared clusters.
+		if err := img.clearCopiedLocked(); err != nil {
 			return err
 		}
 		if err := img.flushExclusiveLocked(); err != nil {
 			return err
 		}
-		// 2. Nothing in the active tables is exclusively ours any more.
-		if err := img.refreshCopiedLocked(); err != nil {
+		// 2. Count the new references, durably.
+		if err := img.addTreeRefsLocked(img.l1, 1); err != nil {
+			return err
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
 			return err
 		}
 		// 3. The snapshot's copy of the L1 table.

@@ -121,7 +121,23 @@ func (img *Image) flushLocked() error {
 	return img.file.Sync()
 }
 
+// testBreakOrdering makes Flush write L2 tables before the refcount
+// blocks they depend on. Only the crash harness's self-test sets it, to
+// show that the harness catches a broken ordering rule.
+var testBreakOrdering bool
+
 func (img *Image) flushSteps(rcs []dirtyTable, rts map[int]uint64, l2s []dirtyTable, l1s map[int]uint64, rtOff, l1Off uint64) error {
+	if testBreakOrdering {
+		if err := img.l2.writeTables(l2s); err != nil {
+			return err
+		}
+		if err := writeEntries(img, l1Off, l1s, "L1 table"); err != nil {
+			return err
+		}
+		if err := img.file.Sync(); err != nil {
+			return err
+		}
+	}
 	if img.data != img.file {
 		if err := img.data.Sync(); err != nil {
 			return err
