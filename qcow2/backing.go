@@ -2,9 +2,11 @@ package qcow2
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/ovis-storage/ovis/block"
 	"golang.org/x/sys/unix"
@@ -71,6 +73,11 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 		return fmt.Errorf("qcow2: %s: backing chain deeper than %d", img.path, maxChainDepth)
 	}
 	p := img.resolve(img.hdr.BackingFile)
+	if o.Untrusted {
+		if err := confined(img.path, p); err != nil {
+			return fmt.Errorf("qcow2: %s: backing file refused: %w", img.path, err)
+		}
+	}
 	if seen[chainKey(p)] {
 		return fmt.Errorf("qcow2: %s: backing file loop: %s is already in the chain", img.path, p)
 	}
@@ -102,6 +109,35 @@ func chainKey(p string) string {
 }
 
 func isAbs(p string) bool { return filepath.IsAbs(p) }
+
+// ErrUntrusted is wrapped by errors for files an untrusted image may not
+// name.
+var ErrUntrusted = errors.New("not allowed for an untrusted image")
+
+// confined checks that name, a file an image refers to, is a regular file
+// inside the image's folder once symlinks are resolved.
+func confined(image, name string) error {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(image))
+	if err != nil {
+		return err
+	}
+	real, err := filepath.EvalSymlinks(name)
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(dir, real)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
+		return fmt.Errorf("%s is outside %s: %w", name, dir, ErrUntrusted)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file: %w", name, ErrUntrusted)
+	}
+	return nil
+}
 
 // joinDir resolves name against the folder of the image at path.
 func joinDir(path, name string) string { return filepath.Join(filepath.Dir(path), name) }

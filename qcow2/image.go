@@ -330,6 +330,11 @@ func (img *Image) openDataFile(o Options) error {
 		return fmt.Errorf("qcow2: %s: image uses an external data file but names none", img.path)
 	}
 	p := img.resolve(name)
+	if o.Untrusted {
+		if err := confined(img.path, p); err != nil {
+			return fmt.Errorf("qcow2: %s: data file refused: %w", img.path, err)
+		}
+	}
 	f, err := o.openFile(p, o.ReadOnly)
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening data file: %w", img.path, err)

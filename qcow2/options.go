@@ -39,6 +39,12 @@ type Options struct {
 	// long (cache-clean-interval). 0 disables it, the default here; QEMU
 	// defaults to 600.
 	CacheCleanInterval int
+	// Untrusted refuses backing and external data files outside the
+	// image's own folder (after resolving symlinks) and files that are not
+	// regular files, so that an image from someone else cannot make ovis
+	// read arbitrary host files. The default (false) follows QEMU, which
+	// opens whatever the image names.
+	Untrusted bool
 	// OpenFile opens the image's own file, its data file and backing
 	// files. nil means block.OpenFile.
 	OpenFile func(name string, readOnly bool) (block.File, error)
