@@ -348,20 +348,58 @@ func (img *Image) allocWrite(c, in int64, p []byte) error {
 			}
 		}
 	}
-	lo, hi := img.nsub, -1
+	// Build the pieces to write. A touched subcluster that already holds
+	// data in place gets only p's bytes: a concurrent in-place writer to
+	// its other bytes (which takes no claim) must not be undone by a
+	// read-modify-write. Every other subcluster is written whole, its old
+	// contents (backing, zeros, the old or decompressed cluster) under p.
+	type piece struct {
+		off  int64 // within the cluster
+		data []byte
+	}
+	var pieces []piece
+	var cluster []byte // decompressed old cluster, loaded on demand
+	end := in + int64(len(p))
 	for i := 0; i < img.nsub; i++ {
-		if write&(1<<i) != 0 {
-			lo, hi = min(lo, i), max(hi, i)
+		if write&(1<<i) == 0 {
+			continue
 		}
+		start := int64(i) * img.subSize
+		ps, pe := max(start, in), min(start+img.subSize, end)
+		if kind, _ := img.sub(old, i); !newHost && img.extL2 && kind == kindData {
+			pieces = append(pieces, piece{ps, p[ps-in : pe-in]})
+			continue
+		}
+		buf := make([]byte, img.subSize)
+		if ps != start || pe != start+img.subSize {
+			if err := img.fillSub(buf, c, i, old, &cluster); err != nil {
+				return err
+			}
+		}
+		if ps < pe {
+			copy(buf[ps-start:], p[ps-in:pe-in])
+		}
+		pieces = append(pieces, piece{start, buf})
 	}
-	buf := make([]byte, int64(hi-lo+1)*img.subSize)
-	if err := img.fillOld(buf, c, lo, write, old, in, int64(len(p)), host, newHost); err != nil {
-		return err
-	}
-	copy(buf[in-int64(lo)*img.subSize:], p)
-	dst := int64(host) + int64(lo)*img.subSize
-	if _, err := img.data.WriteAt(buf, dst); err != nil {
-		return fmt.Errorf("qcow2: writing data at host offset %#x: %w", dst, err)
+	for k := 0; k < len(pieces); {
+		// Coalesce contiguous pieces into one write.
+		j, n := k+1, int64(len(pieces[k].data))
+		for j < len(pieces) && pieces[j].off == pieces[k].off+n {
+			n += int64(len(pieces[j].data))
+			j++
+		}
+		buf := pieces[k].data
+		if j > k+1 {
+			buf = make([]byte, 0, n)
+			for _, pc := range pieces[k:j] {
+				buf = append(buf, pc.data...)
+			}
+		}
+		dst := int64(host) + pieces[k].off
+		if _, err := img.data.WriteAt(buf, dst); err != nil {
+			return fmt.Errorf("qcow2: writing data at host offset %#x: %w", dst, err)
+		}
+		k = j
 	}
 
 	nm := mapping{entry: host | flagCopied}
@@ -378,48 +416,26 @@ func (img *Image) allocWrite(c, in int64, p []byte) error {
 	})
 }
 
-// fillOld fills buf (subclusters lo.. of guest cluster c) with the old
-// contents of the subclusters in write that p does not fully cover.
-func (img *Image) fillOld(buf []byte, c int64, lo int, write uint32, old mapping, in, n int64, host uint64, newHost bool) error {
-	var cluster []byte // decompressed old cluster, loaded on demand
-	for i := lo; i < img.nsub && int64(i-lo)*img.subSize < int64(len(buf)); i++ {
-		if write&(1<<i) == 0 {
-			continue
+// fillSub fills buf with the old contents of subcluster i (the whole
+// cluster without extended L2) of guest cluster c.
+func (img *Image) fillSub(buf []byte, c int64, i int, old mapping, cluster *[]byte) error {
+	start := int64(i) * img.subSize
+	kind, h := img.sub(old, i)
+	switch kind {
+	case kindUnalloc:
+		return img.readBacking(buf, c<<img.clusterBits+start)
+	case kindData:
+		if err := block.ReadFull(img.data, buf, int64(h)); err != nil {
+			return fmt.Errorf("qcow2: copying cluster at %#x: %w", h, err)
 		}
-		start := int64(i) * img.subSize
-		if in <= start && in+n >= start+img.subSize {
-			continue // fully overwritten
-		}
-		dst := buf[(int64(i-lo))*img.subSize : int64(i-lo+1)*img.subSize]
-		kind, h := img.sub(old, i)
-		switch kind {
-		case kindZero:
-			// buf is already zero
-		case kindUnalloc:
-			if err := img.readBacking(dst, c<<img.clusterBits+start); err != nil {
+	case kindCompressed:
+		if *cluster == nil {
+			var err error
+			if *cluster, err = img.readCompressed(old.entry); err != nil {
 				return err
 			}
-		case kindData:
-			if !newHost && h == host+uint64(start) && img.extL2 {
-				// Same place: only the bytes p does not cover matter,
-				// and they are already there.
-				if err := block.ReadFull(img.data, dst, int64(h)); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := block.ReadFull(img.data, dst, int64(h)); err != nil {
-				return fmt.Errorf("qcow2: copying cluster at %#x: %w", h, err)
-			}
-		case kindCompressed:
-			if cluster == nil {
-				var err error
-				if cluster, err = img.readCompressed(old.entry); err != nil {
-					return err
-				}
-			}
-			copy(dst, cluster[start:])
 		}
+		copy(buf, (*cluster)[start:])
 	}
 	return nil
 }
