@@ -10,6 +10,6 @@ func newImgCmd() *cobra.Command {
 		Long: "ovis img implements qemu-img's create, info and convert for the qcow2 and raw\n" +
 			"formats, with qemu-img 7.2's arguments, output and messages.",
 	}
-	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd())
+	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd())
 	return cmd
 }

@@ -5,22 +5,22 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 )
 
 func newImgConvertCmd() *cobra.Command {
 	var (
-		cfg                   img.ConvertConfig
-		forceShare, unordered bool
-		cache, srcCache       block.CacheMode
+		cfg        img.ConvertConfig
+		forceShare bool
 	)
 	cmd := &cobra.Command{
-		Use:   "convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p] [-S SIZE] [-B BACKING_FILE [-F BACKING_FMT]] [-n] [-m N] SRC DST",
+		Use:   "convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p] [-S SIZE] [-B BACKING_FILE [-F BACKING_FMT]] [-n [--target-is-zero]] [-m N] [-W] SRC DST",
 		Short: "Copy an image into a new image, sparsely",
 		Long: "Copy SRC into DST as qemu-img convert does. Ranges that read as zeros are not\n" +
 			"written, nor are all-zero runs of at least -S bytes (default 4k; 0 writes\n" +
-			"everything). -c writes every cluster compressed (qcow2 output only).",
+			"everything). -c writes every cluster compressed (qcow2 output only).\n" +
+			"Reads run -m requests in parallel; writes are made in offset order unless -W\n" +
+			"allows them to overlap (faster, and -c then compresses on all cores).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 2 {
@@ -46,11 +46,10 @@ func newImgConvertCmd() *cobra.Command {
 	f.StringVarP(&cfg.BackingFormat, "backing-format", "F", "", "format of the output's backing file")
 	f.BoolVarP(&cfg.NoCreate, "no-create", "n", false, "write into an existing output image")
 	f.IntVarP(&cfg.Workers, "parallel", "m", img.DefaultWorkers, "requests in flight (1-16)")
-	// Accepted for qemu-img compatibility; ovis always copies in
-	// parallel and takes no locks.
-	f.BoolVarP(&unordered, "unordered", "W", false, "allow out-of-order writes (always on in ovis)")
+	f.BoolVarP(&cfg.Unordered, "unordered", "W", false, "allow out-of-order writes (faster; compresses on all cores)")
+	f.BoolVar(&cfg.TargetIsZero, "target-is-zero", false, "with -n: the output reads as zeros already, so zeros are not written")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the source even if it is in use (ovis never locks)")
-	f.VarP(&cache, "cache", "t", "output cache mode (accepted; ovis writes through the page cache and flushes at the end)")
-	f.VarP(&srcCache, "source-cache", "T", "source cache mode (accepted)")
+	f.StringVarP(&cfg.Cache, "cache", "t", "", "output cache mode (default unsafe: no sync; writeback, writethrough, none, directsync sync at the end)")
+	f.StringVarP(&cfg.SourceCache, "source-cache", "T", "", "source cache mode (default writeback; none and directsync read with O_DIRECT)")
 	return cmd
 }

@@ -22,9 +22,23 @@ func main() {
 	err := newRootCmd().ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		report(os.Stderr, err)
-		os.Exit(1)
+		os.Exit(exit(os.Stderr, err))
 	}
+}
+
+// exit reports err and returns the process's exit status: 1, or the code
+// an *img.ExitError carries (qemu-img check and compare have their own),
+// whose nil Err reports nothing.
+func exit(w io.Writer, err error) int {
+	var ee *img.ExitError
+	if errors.As(err, &ee) {
+		if ee.Err != nil {
+			report(w, ee.Err)
+		}
+		return ee.Code
+	}
+	report(w, err)
+	return 1
 }
 
 // report prints err as qemu-img's error_report does, with "ovis: " for

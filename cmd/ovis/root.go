@@ -10,6 +10,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newImgCmd(), newUpCmd())
+	root.AddCommand(newImgCmd(), newNBDCmd(), newUpCmd())
 	return root
 }

@@ -1,25 +1,39 @@
 package main
 
 import (
+	"log/slog"
+
 	"github.com/spf13/cobra"
 
-	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/serve"
 )
 
 func newUpCmd() *cobra.Command {
-	cfg := img.UpConfig{Dir: "ovis-data", Size: "20G"}
+	var (
+		cfg     = serve.UpConfig{Dir: "ovis-data", Size: "20G", Listen: "127.0.0.1:" + serve.DefaultPort}
+		verbose bool
+	)
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Prepare a local disk image (NBD serving arrives with `ovis nbd`)",
+		Short: "Serve a local disk image over NBD",
 		Long: "up creates DIR/disk0.qcow2 (a sparse qcow2 image of SIZE) if it is missing and\n" +
-			"prints its path. It does not serve the disk yet: NBD serving arrives with the\n" +
-			"NBD server (`ovis nbd`, issue 3).",
+			"serves it over NBD on the --listen address as export \"disk0\" (cache writeback,\n" +
+			"persistent, any number of connections with CAN_MULTI_CONN), printing how to\n" +
+			"attach it. Ctrl-C (or SIGTERM) stops it: requests in service finish and the\n" +
+			"image is flushed and closed cleanly.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return img.Up(cfg, cmd.OutOrStdout())
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			return serve.Up(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVar(&cfg.Dir, "dir", cfg.Dir, "folder that holds the disk images")
 	cmd.Flags().StringVar(&cfg.Size, "size", cfg.Size, "virtual size of a new disk")
+	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve on (port 0: pick a free one)")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
 	return cmd
 }

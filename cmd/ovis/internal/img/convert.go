@@ -50,6 +50,26 @@ type ConvertConfig struct {
 	// qemu-img's default is 8 (DefaultWorkers). Compression uses at least
 	// one worker per CPU.
 	Workers int
+	// Unordered (-W) lets writes complete in any order. Without it, as in
+	// qemu-img, reads (and zero detection) run in parallel but the writes
+	// are made one at a time in ascending offset order: a qcow2 output
+	// gets its clusters in guest order, so its layout does not depend on
+	// timing, and an interrupted conversion leaves a prefix of the
+	// source. With -W writes overlap, which is faster, and compressed
+	// clusters are compressed on every core at once (without it they are
+	// compressed in turn, as each compressed write is one engine call).
+	Unordered bool
+	// TargetIsZero (--target-is-zero, with NoCreate) promises that the
+	// existing output reads as zeros, so zero ranges are not written.
+	TargetIsZero bool
+	// Cache (-t) is the output's cache mode. "" is qemu-img convert's
+	// default, unsafe: nothing is synced, the output is complete in the
+	// page cache when the command returns (a host crash may lose it).
+	// writeback and the others sync the output at the end.
+	Cache string
+	// SourceCache (-T) is the source's cache mode; "" is writeback.
+	// none and directsync read with O_DIRECT.
+	SourceCache string
 }
 
 // DefaultWorkers is qemu-img convert's default for -m.
@@ -76,6 +96,9 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.TargetIsZero && !cfg.NoCreate {
+		return errors.New("--target-is-zero requires use of -n flag")
+	}
 	outFmt := cfg.DestFormat
 	if outFmt == "" {
 		outFmt = "raw"
@@ -93,19 +116,35 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if _, ok := formatOpts(cfg.SourceFormat); !ok && cfg.SourceFormat != "" {
 		return fmt.Errorf("Could not open '%s': Unknown driver '%s'", cfg.Source, cfg.SourceFormat)
 	}
-	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, qcow2.Options{ReadOnly: true})
+	cache, srcCache := block.CacheUnsafe, block.CacheWriteback
+	if cfg.Cache != "" {
+		if cache, err = block.ParseCacheMode(cfg.Cache); err != nil {
+			return fmt.Errorf("Invalid cache option: %s", cfg.Cache)
+		}
+	}
+	if cfg.SourceCache != "" {
+		if srcCache, err = block.ParseCacheMode(cfg.SourceCache); err != nil {
+			return fmt.Errorf("Invalid source cache option: %s", cfg.SourceCache)
+		}
+	}
+	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)})
 	if err != nil {
 		return openError(cfg.Source, err)
 	}
 	defer src.Close()
 
 	targetHasBacking := cfg.BackingFile != ""
+	if cfg.TargetIsZero && targetHasBacking {
+		// qemu-img reports this and then exits with status 0, without
+		// converting.
+		return exitWith(0, errors.New("Cannot use --target-is-zero when the destination image has a backing file"))
+	}
 	if !cfg.NoCreate {
 		if targetHasBacking, err = prepareTarget(cfg, outFmt, options, src.Size()); err != nil {
 			return err
 		}
 	}
-	dst, err := openTarget(cfg.Dest, outFmt, cfg.NoCreate)
+	dst, err := openTarget(cfg.Dest, outFmt, cfg.NoCreate, cache)
 	if err != nil {
 		return openError(cfg.Dest, err)
 	}
@@ -114,7 +153,8 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		dst:         dst,
 		minSparse:   minSparse,
 		workers:     workers,
-		hasZeroInit: !cfg.NoCreate && !targetHasBacking && minSparse > 0,
+		hasZeroInit: (!cfg.NoCreate || cfg.TargetIsZero) && !targetHasBacking && minSparse > 0,
+		ordered:     !cfg.Unordered,
 	}
 	if img, ok := src.(*qcow2.Image); ok && targetHasBacking && img.Backing() != nil {
 		c.copyTopOnly = true
@@ -241,19 +281,54 @@ func createTarget(path, format string, o *opts, size int64) error {
 	return nil
 }
 
-// openTarget opens the output for writing, with its backing file so that
-// partial cluster writes can copy from it.
-func openTarget(path, format string, existing bool) (block.Device, error) {
+// openTarget opens the output for writing in a cache mode, with its
+// backing file so that partial cluster writes can copy from it.
+func openTarget(path, format string, existing bool, cache block.CacheMode) (block.Device, error) {
 	if existing {
 		if _, err := os.Stat(path); err != nil {
 			return nil, err
 		}
 	}
-	if format == "raw" {
-		return block.OpenRaw(path, false)
+	open := block.OpenFileFor(cache)
+	if cache.IgnoreFlush() {
+		open = func(name string, readOnly bool) (block.File, error) {
+			f, err := block.OpenFile(name, readOnly)
+			if err != nil {
+				return nil, err
+			}
+			return noSyncFile{f}, nil
+		}
 	}
-	return qcow2.Open(path, qcow2.Options{})
+	var dev block.Device
+	if format == "raw" {
+		f, err := open(path, false)
+		if err != nil {
+			return nil, err
+		}
+		r, err := block.NewRaw(f, false)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		dev = r
+	} else {
+		img, err := qcow2.Open(path, qcow2.Options{OpenFile: open})
+		if err != nil {
+			return nil, err
+		}
+		dev = img
+	}
+	if cache.IgnoreFlush() {
+		return dev, nil // syncs are dropped already; keep the engine's type
+	}
+	return block.WithCacheMode(dev, cache), nil
 }
+
+// noSyncFile is a file whose Sync does nothing: QEMU's cache.no-flush,
+// the unsafe cache mode qemu-img convert writes its output with.
+type noSyncFile struct{ *block.OSFile }
+
+func (noSyncFile) Sync() error { return nil }
 
 // newProgressBar draws bytes done, throughput and ETA on w.
 func newProgressBar(total int64, w io.Writer) *progressbar.ProgressBar {

@@ -13,7 +13,9 @@ import (
 )
 
 // copier is the copy loop of convert: one goroutine walks the source's
-// extents and hands ranges to workers that read, drop zeros, and write.
+// extents and hands ranges (jobs) to workers that read them and find
+// their zeros; the writes are made by the workers themselves, or, when
+// the copy is ordered, by one writer goroutine in job order.
 //
 // It follows qemu-img convert's block classification: a range the source
 // reports as zero is not written when the output reads as zeros already
@@ -39,7 +41,19 @@ type copier struct {
 	// bar is the progress bar, nil without -p. Add64 is safe for
 	// concurrent use.
 	bar *progressbar.ProgressBar
+	// ordered makes the writes one at a time in job order (qemu-img
+	// convert without -W): workers hand their writes to one writer
+	// goroutine, which keeps the next ones waiting until their turn.
+	ordered bool
+	// seq is the next job's sequence number (producer only).
+	seq uint64
 }
+
+// Bounds of the range one Extent call covers (see produce).
+const (
+	minExtentAsk = 4 << 20
+	maxExtentAsk = 1 << 40
+)
 
 // kind classifies a range of the source.
 type kind uint8
@@ -50,10 +64,21 @@ const (
 	kindSkip             // provided by the output's backing file
 )
 
-// job is one range handed to a worker.
+// job is one range handed to a worker. seq numbers the jobs in offset
+// order, from 0.
 type job struct {
 	kind   kind
 	off, n int64
+	seq    uint64
+}
+
+// write is a job's writes, prepared by a worker: run makes them; buf
+// (which holds the data) goes back to the pool afterwards.
+type write struct {
+	seq uint64
+	n   int64
+	buf []byte
+	run func() error
 }
 
 var zeroSector [512]byte
@@ -80,23 +105,71 @@ func (c *copier) run(ctx context.Context) error {
 			cancel()
 		})
 	}
-	jobs := make(chan job, 2*c.workers)
 	bufSize := int64(copyChunk)
 	if c.compressed != nil {
 		bufSize = max(bufSize, c.clusterSize)
 	}
+	// One buffer per worker, and when ordered as many again for jobs
+	// read ahead of the writer.
+	nbuf := c.workers
+	if c.ordered {
+		nbuf *= 2
+	}
+	pool := make(chan []byte, nbuf)
+	for range nbuf {
+		pool <- make([]byte, bufSize)
+	}
+	var writes chan write
+	writerDone := make(chan struct{})
+	if c.ordered {
+		writes = make(chan write, nbuf)
+		go func() {
+			defer close(writerDone)
+			c.writeInOrder(ctx, writes, pool, fail)
+		}()
+	} else {
+		close(writerDone)
+	}
+	jobs := make(chan job, 2*c.workers)
 	for range c.workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			buf := make([]byte, bufSize)
-			for j := range jobs {
+			for {
+				// The buffer comes before the job: a worker that holds
+				// a job never waits for a buffer, which the writer may
+				// hold for later jobs until this one is written.
+				var buf []byte
+				select {
+				case buf = <-pool:
+				case <-ctx.Done():
+					return // the producer stops on ctx too
+				}
+				j, ok := <-jobs
+				if !ok {
+					return
+				}
 				if ctx.Err() != nil {
-					continue // drain after a failure
+					pool <- buf
+					return
 				}
-				if err := c.do(j, buf); err != nil {
+				w, err := c.prepare(j, buf)
+				if err != nil {
+					pool <- buf
 					fail(err)
+					continue
 				}
+				if c.ordered {
+					writes <- w
+					continue
+				}
+				err = w.run()
+				pool <- buf
+				if err != nil {
+					fail(err)
+					continue
+				}
+				c.progress(w.n)
 			}
 		}()
 	}
@@ -105,6 +178,10 @@ func (c *copier) run(ctx context.Context) error {
 	}
 	close(jobs)
 	wg.Wait()
+	if writes != nil {
+		close(writes)
+	}
+	<-writerDone
 	if first != nil {
 		return first
 	}
@@ -114,12 +191,55 @@ func (c *copier) run(ctx context.Context) error {
 	return nil
 }
 
-// classify maps a source extent to what the copy does with it.
+// writeInOrder makes the writes it receives in sequence order, keeping
+// those that come early until their turn, and returns their buffers to
+// the pool. It returns when writes is closed or the copy failed.
+func (c *copier) writeInOrder(ctx context.Context, writes <-chan write, pool chan<- []byte, fail func(error)) {
+	pending := map[uint64]write{}
+	var next uint64
+	for {
+		select {
+		case w, ok := <-writes:
+			if !ok {
+				return
+			}
+			pending[w.seq] = w
+		case <-ctx.Done():
+			// Drain so that no worker blocks on a full channel.
+			for w := range writes {
+				pool <- w.buf
+			}
+			return
+		}
+		for {
+			w, ok := pending[next]
+			if !ok {
+				break
+			}
+			delete(pending, next)
+			next++
+			if ctx.Err() != nil {
+				pool <- w.buf
+				continue
+			}
+			err := w.run()
+			pool <- w.buf
+			if err != nil {
+				fail(err)
+				continue
+			}
+			c.progress(w.n)
+		}
+	}
+}
+
+// classify maps a source extent to what the copy does with it. With -S 0
+// zeros are data too: qemu-img then allocates the whole output.
 func (c *copier) classify(e block.Extent) kind {
 	switch {
 	case c.copyTopOnly && e.Depth != 1:
 		return kindSkip
-	case e.Status&block.StatusZero != 0:
+	case e.Status&block.StatusZero != 0 && c.minSparse > 0:
 		return kindZero
 	}
 	return kindData
@@ -130,16 +250,27 @@ func (c *copier) classify(e block.Extent) kind {
 // skipped is data, read whole and written compressed.
 func (c *copier) produce(ctx context.Context, jobs chan<- job) error {
 	size := c.src.Size()
+	// ask is how far each Extent call looks: the engine maps the whole
+	// range it is given (up to a few hundred runs) even though only the
+	// first run is used, so the window starts small and doubles while
+	// runs fill it, which keeps both fragmented and empty sources cheap.
+	ask := int64(minExtentAsk)
 	for off := int64(0); off < size; {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		e, err := c.src.Extent(off, size-off)
+		want := min(ask, size-off)
+		e, err := c.src.Extent(off, want)
 		if err != nil {
 			return fmt.Errorf("error while reading block status at offset %d: %w", off, err)
 		}
 		if e.Length <= 0 {
 			return fmt.Errorf("error while reading block status at offset %d: empty extent", off)
+		}
+		if e.Length == want {
+			ask = min(2*ask, maxExtentAsk)
+		} else {
+			ask = minExtentAsk
 		}
 		end := min(off+e.Length, size)
 		k := c.classify(e)
@@ -179,30 +310,27 @@ func (c *copier) emit(ctx context.Context, jobs chan<- job, k kind, off, end int
 		// Cut at multiples of chunk so that requests stay aligned.
 		n := min(end-off, chunk-off%chunk)
 		select {
-		case jobs <- job{k, off, n}:
+		case jobs <- job{k, off, n, c.seq}:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		c.seq++
 		off += n
 	}
 	return nil
 }
 
-// do runs one job with buf as scratch space.
-func (c *copier) do(j job, buf []byte) error {
-	var err error
+// prepare does the reading part of a job into buf and returns its writes.
+func (c *copier) prepare(j job, buf []byte) (write, error) {
+	w := write{seq: j.seq, n: j.n, buf: buf}
 	switch {
 	case j.kind == kindZero:
-		err = c.zero(j.off, j.n)
+		w.run = func() error { return c.zero(j.off, j.n) }
+		return w, nil
 	case c.compressed != nil:
-		err = c.copyCompressed(j.off, j.n, buf)
-	default:
-		err = c.copyData(j.off, j.n, buf)
+		return c.prepareCompressed(j, w)
 	}
-	if err == nil {
-		c.progress(j.n)
-	}
-	return err
+	return c.prepareData(j, w)
 }
 
 // zero makes [off, off+n) of the output read as zeros, unless it does
@@ -224,78 +352,99 @@ func (c *copier) read(p []byte, off int64) error {
 	return nil
 }
 
-// copyData copies one data range, leaving out all-zero runs of at least
-// minSparse bytes (found at 512-byte granularity).
-func (c *copier) copyData(off, n int64, buf []byte) error {
-	p := buf[:n]
+// span is a piece of a data job: bytes to write, or zeros.
+type span struct {
+	from, to int
+	zero     bool
+}
+
+// prepareData reads one data range and splits it into the data to write
+// and its all-zero runs of at least minSparse bytes (found at 512-byte
+// granularity), which are zeroed instead.
+func (c *copier) prepareData(j job, w write) (write, error) {
+	off, p := j.off, w.buf[:j.n]
 	if err := c.read(p, off); err != nil {
-		return err
+		return w, err
 	}
-	write := func(from, to int) error {
-		if from == to {
-			return nil
+	var spans []span
+	dataStart := 0
+	if c.minSparse > 0 {
+		for i := 0; i < len(p); {
+			s := min(len(p)-i, len(zeroSector))
+			if !bytes.Equal(p[i:i+s], zeroSector[:s]) {
+				i += s
+				continue
+			}
+			z := i + s
+			for z < len(p) {
+				s := min(len(p)-z, len(zeroSector))
+				if !bytes.Equal(p[z:z+s], zeroSector[:s]) {
+					break
+				}
+				z += s
+			}
+			if int64(z-i) >= c.minSparse {
+				if i > dataStart {
+					spans = append(spans, span{dataStart, i, false})
+				}
+				spans = append(spans, span{i, z, true})
+				dataStart = z
+			}
+			i = z
 		}
-		if _, err := c.dst.WriteAt(p[from:to], off+int64(from), false); err != nil {
-			return fmt.Errorf("error while writing at byte %d: %w", off+int64(from), err)
+	}
+	if dataStart < len(p) {
+		spans = append(spans, span{dataStart, len(p), false})
+	}
+	w.run = func() error {
+		for _, s := range spans {
+			at := off + int64(s.from)
+			if s.zero {
+				if err := c.zero(at, int64(s.to-s.from)); err != nil {
+					return err
+				}
+				continue
+			}
+			if _, err := c.dst.WriteAt(p[s.from:s.to], at, false); err != nil {
+				return fmt.Errorf("error while writing at byte %d: %w", at, err)
+			}
 		}
 		return nil
 	}
-	if c.minSparse == 0 {
-		return write(0, len(p))
-	}
-	dataStart := 0
-	for i := 0; i < len(p); {
-		s := min(len(p)-i, len(zeroSector))
-		if !bytes.Equal(p[i:i+s], zeroSector[:s]) {
-			i += s
-			continue
-		}
-		z := i + s
-		for z < len(p) {
-			s := min(len(p)-z, len(zeroSector))
-			if !bytes.Equal(p[z:z+s], zeroSector[:s]) {
-				break
-			}
-			z += s
-		}
-		if int64(z-i) >= c.minSparse {
-			if err := write(dataStart, i); err != nil {
-				return err
-			}
-			if err := c.zero(off+int64(i), int64(z-i)); err != nil {
-				return err
-			}
-			dataStart = z
-		}
-		i = z
-	}
-	return write(dataStart, len(p))
+	return w, nil
 }
 
-// copyCompressed writes the whole clusters of [off, off+n) compressed,
-// skipping (or zeroing) all-zero clusters. The last cluster may be short:
-// it ends with the output.
-func (c *copier) copyCompressed(off, n int64, buf []byte) error {
+// prepareCompressed reads the whole clusters of a job; its writes
+// compress them (each write compresses its cluster), skipping (or
+// zeroing) all-zero clusters. The last cluster may be short: it ends with
+// the output.
+func (c *copier) prepareCompressed(j job, w write) (write, error) {
 	cs := c.clusterSize
 	srcSize, dstSize := c.src.Size(), c.dst.Size()
-	for end := off + n; off < end; off += cs {
-		p := buf[:min(cs, dstSize-off)]
-		have := min(int64(len(p)), srcSize-off)
-		if err := c.read(p[:have], off); err != nil {
-			return err
-		}
-		clear(p[have:])
-		if isZero(p) {
-			if err := c.zero(off, int64(len(p))); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := c.compressed.WriteCompressed(p, off); err != nil {
-			return fmt.Errorf("error while compressing cluster at byte %d: %w", off, err)
-		}
+	n := min(j.n, dstSize-j.off)
+	p := w.buf[:n]
+	have := max(0, min(n, srcSize-j.off))
+	if err := c.read(p[:have], j.off); err != nil {
+		return w, err
 	}
-	return nil
+	clear(p[have:])
+	w.run = func() error {
+		for i := int64(0); i < n; i += cs {
+			q := p[i:min(i+cs, n)]
+			off := j.off + i
+			if isZero(q) {
+				if err := c.zero(off, int64(len(q))); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := c.compressed.WriteCompressed(q, off); err != nil {
+				return fmt.Errorf("error while compressing cluster at byte %d: %w", off, err)
+			}
+		}
+		return nil
+	}
+	return w, nil
 }
 
 // isZero reports whether p holds only zero bytes.

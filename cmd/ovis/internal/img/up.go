@@ -12,7 +12,7 @@ import (
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
-// UpConfig configures Up.
+// UpConfig says which disk PrepareDisk makes sure of.
 type UpConfig struct {
 	// Dir holds the disk images. The default is "ovis-data".
 	Dir string
@@ -21,10 +21,12 @@ type UpConfig struct {
 	Size string
 }
 
-// Up makes sure Dir/disk0.qcow2 exists, creating a sparse qcow2 image of
-// Size when it does not, and says where it is and what comes next. It does
-// not serve the disk: that is the NBD server's job.
-func Up(cfg UpConfig, w io.Writer) error {
+// PrepareDisk makes sure Dir/disk0.qcow2 exists, creating a sparse qcow2
+// image of Size when it does not, prints one line saying which, and
+// returns the disk's absolute path. An existing disk is kept as it is,
+// whatever its size. Errors name the step; a bad Size is qemu-img's
+// message.
+func PrepareDisk(cfg UpConfig, w io.Writer) (string, error) {
 	if cfg.Dir == "" {
 		cfg.Dir = "ovis-data"
 	}
@@ -33,7 +35,7 @@ func Up(cfg UpConfig, w io.Writer) error {
 	}
 	path, err := filepath.Abs(filepath.Join(cfg.Dir, "disk0.qcow2"))
 	if err != nil {
-		return fmt.Errorf("up: %w", err)
+		return "", fmt.Errorf("up: %w", err)
 	}
 	_, err = os.Stat(path)
 	switch {
@@ -42,19 +44,17 @@ func Up(cfg UpConfig, w io.Writer) error {
 	case errors.Is(err, fs.ErrNotExist):
 		size, err := cvtnum("image size", cfg.Size, math.MaxInt64)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return fmt.Errorf("up: %w", err)
+			return "", fmt.Errorf("up: %w", err)
 		}
 		if err := qcow2.Create(path, qcow2.CreateOptions{Size: (size + 511) &^ 511}); err != nil {
-			return fmt.Errorf("up: create %s: %w", path, err)
+			return "", fmt.Errorf("up: create %s: %w", path, err)
 		}
 		fmt.Fprintf(w, "disk: %s (created, %s virtual, sparse qcow2)\n", path, FormatSize(uint64(size)))
 	default:
-		return fmt.Errorf("up: %w", err)
+		return "", fmt.Errorf("up: %w", err)
 	}
-	fmt.Fprintf(w, "inspect it with: ovis img info %s\n", path)
-	fmt.Fprintln(w, "NBD serving is not there yet: it arrives with the NBD server (`ovis nbd`, issue 3).")
-	return nil
+	return path, nil
 }

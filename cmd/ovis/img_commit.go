@@ -1,0 +1,38 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+)
+
+func newImgCommitCmd() *cobra.Command {
+	var (
+		cfg   img.CommitConfig
+		cache block.CacheMode
+	)
+	cmd := &cobra.Command{
+		Use:   "commit [-f FMT] [-b BASE] [-d] [-p] [-q] FILENAME",
+		Short: "Write an image's changes into its backing file",
+		Long: "Copy what the image holds into its backing file (or into BASE, further down\n" +
+			"the chain, with everything in between) as qemu-img commit does, then empty the\n" +
+			"image unless -d (or -b) is given.",
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return img.UsageError("Expecting one image file name")
+			}
+			cfg.Filename = args[0]
+			return img.Commit(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&cfg.Format, "format", "f", "", "image format (default: probe)")
+	f.StringVarP(&cfg.Base, "base", "b", "", "image of the backing chain to commit into (implies -d)")
+	f.BoolVarP(&cfg.Drop, "drop", "d", false, "leave the image as it is")
+	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
+	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
+	f.VarP(&cache, "cache", "t", "cache mode (accepted)")
+	return cmd
+}

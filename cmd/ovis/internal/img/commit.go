@@ -1,0 +1,176 @@
+package img
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/qcow2"
+)
+
+// CommitConfig is what `ovis img commit` was given, as qemu-img commit's
+// arguments: commit [-f FMT] [-b BASE] [-d] [-p] [-q] FILENAME.
+type CommitConfig struct {
+	// Filename is the image whose changes are committed.
+	Filename string
+	// Format is "qcow2", "raw" or "" to probe.
+	Format string
+	// Base (-b) names the image of the backing chain that receives the
+	// changes (as a backing file name is resolved); "" is the image's own
+	// backing file. A base implies Drop.
+	Base string
+	// Drop (-d) leaves the image as it is; otherwise it is emptied once
+	// its data is in the base.
+	Drop bool
+	// Progress (-p) prints QEMU's progress figure on stdout; Quiet (-q)
+	// prints nothing on stdout.
+	Progress, Quiet bool
+}
+
+// Commit writes what an image holds above its base into the base, as
+// qemu-img commit does: every range that the image (or, with a base
+// further down, any image above the base) allocates is copied, zeros as
+// zero writes, and a base smaller than the image grows to its size. Then
+// the image is emptied, unless Drop or Base is given, and "Image
+// committed." is printed.
+func Commit(cfg CommitConfig, stdout, stderr io.Writer) error {
+	if cfg.Quiet {
+		cfg.Progress = false
+	}
+	if cfg.Base != "" {
+		cfg.Drop = true
+	}
+	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	if _, raw := dev.(*block.Raw); raw && cfg.Format == "" {
+		// QEMU opens the image read-write, and warns.
+		rawProbeWarning(stderr, cfg.Filename)
+	}
+	prog := newQemuProgress(cfg.Progress, stdout, 1)
+	prog.print(0, 100)
+	err = commit(dev, cfg, prog)
+	if cerr := dev.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err == nil && !cfg.Drop {
+		if err = makeEmpty(cfg.Filename); err != nil {
+			err = fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
+		}
+	}
+	prog.end()
+	if err != nil {
+		return err
+	}
+	if !cfg.Quiet {
+		io.WriteString(stdout, "Image committed.\n")
+	}
+	return nil
+}
+
+func commit(dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
+	chain := chainOf(cfg.Filename, cfg.Format, dev)
+	base := 1
+	if cfg.Base != "" {
+		if base = findBacking(chain, cfg.Base); base < 0 {
+			return fmt.Errorf("Did not find '%s' in the backing chain of '%s'", cfg.Base, cfg.Filename)
+		}
+	} else if len(chain) < 2 {
+		return errors.New("Image does not have a backing file")
+	}
+	img := dev.(*qcow2.Image) // only qcow2 images have backing files
+	if !cfg.Drop {
+		// Check now that the image can be emptied afterwards.
+		f, err := os.Open(cfg.Filename)
+		if err != nil {
+			return err
+		}
+		h, err := readHeader(f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if !canMakeEmpty(h) {
+			return fmt.Errorf("emptying an image with internal snapshots, bitmaps or an external data file, "+
+				"or of version 2, is not supported; commit with -d: %w", errors.ErrUnsupported)
+		}
+	}
+	if _, raw := chain[base].dev.(*block.Raw); raw && chain[base].dev.Size() < img.Size() {
+		// A raw base grows as QEMU's file driver grows it: by truncation.
+		if err := os.Truncate(chain[base].path, img.Size()); err != nil {
+			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
+		}
+	}
+	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, qcow2.Options{})
+	if err != nil {
+		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
+	}
+	err = commitInto(img, target, base, prog)
+	if cerr := target.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return err
+}
+
+// commitInto copies the ranges of top decided above chain layer base into
+// target, the writable base.
+func commitInto(top *qcow2.Image, target block.Device, base int, prog *qemuProgress) error {
+	size := top.Size()
+	if target.Size() < size {
+		if err := growDevice(target, size); err != nil {
+			return err
+		}
+	}
+	buf := make([]byte, copyChunk)
+	for off := int64(0); off < size; {
+		m, err := top.MapAt(off, size-off)
+		if err != nil {
+			return fmt.Errorf("error while reading block status at offset %d: %s", off, strerror(err))
+		}
+		n := m.Length
+		if m.Present && m.Depth < base {
+			if err := copyRange(top, target, off, n, m.Zero, buf); err != nil {
+				return err
+			}
+		}
+		off += n
+		prog.print(float32(n)/float32(size)*100, 100)
+	}
+	return target.Flush()
+}
+
+// copyRange copies [off, off+n) of src to dst, or zeroes it there.
+func copyRange(src, dst block.Device, off, n int64, zero bool, buf []byte) error {
+	if zero {
+		if err := dst.WriteZeroes(off, n, true, false); err != nil {
+			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
+		}
+		return nil
+	}
+	for end := off + n; off < end; {
+		k := min(int64(len(buf)), end-off)
+		if _, err := src.ReadAt(buf[:k], off); err != nil {
+			return fmt.Errorf("error while reading at byte %d: %s", off, strerror(err))
+		}
+		if _, err := dst.WriteAt(buf[:k], off, false); err != nil {
+			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
+		}
+		off += k
+	}
+	return nil
+}
+
+// growDevice grows an open image to size bytes.
+func growDevice(d block.Device, size int64) error {
+	switch d := d.(type) {
+	case *qcow2.Image:
+		if err := d.Resize((size+511)&^511, false, qcow2.PreallocOff); err != nil {
+			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
+		}
+		return nil
+	}
+	return fmt.Errorf("Could not resize the base image: %w", errors.ErrUnsupported)
+}

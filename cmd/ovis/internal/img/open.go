@@ -1,0 +1,96 @@
+package img
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/qcow2"
+)
+
+// openImage opens filename as format ("" probes) with its backing chain,
+// as qemu-img's img_open does, and returns qemu-img's message when it
+// cannot: "Could not open 'top': Could not open backing file: Could not
+// open 'base': No such file or directory" names the layer that failed.
+func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
+	if format != "" {
+		if _, ok := formatOpts(format); !ok {
+			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
+		}
+	}
+	dev, err := qcow2.OpenDevice(filename, format, o)
+	if err == nil {
+		return dev, nil
+	}
+	if o.NoBacking {
+		return nil, openError(filename, err)
+	}
+	return nil, wrapMsg(err, "Could not open '%s': %s", filename, chainReason(filename, format, err, 0))
+}
+
+// chainReason says why the chain at filename failed to open with err:
+// the reason of the first layer that does not open on its own, behind one
+// "Could not open backing file: " per layer above it.
+func chainReason(filename, format string, err error, depth int) string {
+	if depth > 16 {
+		return openReason(err)
+	}
+	dev, err1 := qcow2.OpenDevice(filename, format, qcow2.Options{ReadOnly: true, NoBacking: true})
+	if err1 != nil {
+		return openReason(err1)
+	}
+	img, ok := dev.(*qcow2.Image)
+	if !ok {
+		dev.Close()
+		return openReason(err)
+	}
+	h := img.Header()
+	next := img.BackingPath()
+	dev.Close()
+	if next == "" {
+		return openReason(err)
+	}
+	return "Could not open backing file: " + chainReason(next, h.BackingFormat, err, depth+1)
+}
+
+// openWritable is openImage for an image to write, with QEMU's warning on
+// warn when a probed format turns out raw.
+func openWritable(filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
+	dev, err := openImage(filename, format, o)
+	if err == nil && format == "" && !o.ReadOnly {
+		if _, raw := dev.(*block.Raw); raw {
+			rawProbeWarning(warn, filename)
+		}
+	}
+	return dev, err
+}
+
+// rawProbeWarning is QEMU's warning for a raw image opened for writing
+// without -f.
+func rawProbeWarning(warn io.Writer, filename string) {
+	fmt.Fprintf(warn, "WARNING: Image format was not specified for '%s' and probing guessed raw.\n"+
+		"         Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n"+
+		"         Specify the 'raw' format explicitly to remove the restrictions.\n", filename)
+}
+
+// outputFormat checks --output as qemu-img does.
+func outputFormat(s string) (json bool, err error) {
+	switch s {
+	case "", "human":
+		return false, nil
+	case "json":
+		return true, nil
+	}
+	return false, fmt.Errorf("--output must be used with human or json as argument.")
+}
+
+// lines splits messages into lines ending in "\n".
+func lines(msgs []string) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString(m)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

@@ -1,0 +1,232 @@
+package img
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/qcow2"
+)
+
+// RebaseConfig is what `ovis img rebase` was given, as qemu-img rebase's
+// arguments: rebase [-f FMT] [-F BACKING_FMT] [-u] [-p] [-q] -b
+// BACKING_FILE FILENAME.
+type RebaseConfig struct {
+	// Filename is the image whose backing file changes.
+	Filename string
+	// Format is "qcow2", "raw" or "" to probe.
+	Format string
+	// Backing (-b) is the new backing file name as stored in the header,
+	// relative to the image's folder; "" removes the backing file.
+	// HasBacking tells -b "" from no -b.
+	Backing    string
+	HasBacking bool
+	// BackingFormat (-F) is the new backing file's format.
+	BackingFormat string
+	// Unsafe (-u) only rewrites the header: the new backing file must
+	// hold what the old one did.
+	Unsafe bool
+	// Progress (-p) prints QEMU's progress figure on stdout; Quiet (-q)
+	// turns it off.
+	Progress, Quiet bool
+}
+
+// Rebase changes an image's backing file as qemu-img rebase does. In safe
+// mode, every range the image does not allocate itself and that reads
+// differently through the old and the new backing chain is first copied
+// into the image from the old chain (zeros as zero writes), so that the
+// image reads the same afterwards; when the new backing file is in the
+// old chain, only the ranges allocated above it are compared. Then the
+// header names the new backing file.
+func Rebase(cfg RebaseConfig, stdout, stderr io.Writer) error {
+	if cfg.Quiet {
+		cfg.Progress = false
+	}
+	if !cfg.Unsafe && !cfg.HasBacking {
+		return UsageError("Must specify backing file (-b) or use unsafe mode (-u)")
+	}
+	prog := newQemuProgress(cfg.Progress, stdout, 2)
+	defer prog.end()
+	prog.print(0, 100)
+	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{NoBacking: cfg.Unsafe}, stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.BackingFormat != "" {
+		if _, ok := formatOpts(cfg.BackingFormat); !ok {
+			dev.Close()
+			return fmt.Errorf("Invalid format name: '%s'", cfg.BackingFormat)
+		}
+	}
+	if !cfg.Unsafe {
+		err = rebaseCopy(dev, cfg, prog)
+	}
+	if cerr := dev.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	name := cfg.Backing
+	if _, ok := dev.(*qcow2.Image); !ok {
+		return fmt.Errorf("Could not change the backing file to '%s': Operation not supported", name)
+	}
+	if name != "" && cfg.BackingFormat == "" {
+		return fmt.Errorf("Could not change the backing file to '%s': backing format must be specified", name)
+	}
+	format := cfg.BackingFormat
+	if name == "" {
+		format = ""
+	}
+	if err := setBacking(cfg.Filename, name, format); err != nil {
+		if errors.Is(err, errNoHeaderRoom) {
+			return fmt.Errorf("Could not change the backing file to '%s': No space left in the file header", name)
+		}
+		return fmt.Errorf("Could not change the backing file to '%s': %s", name, strerror(err))
+	}
+	prog.print(100, 0)
+	return nil
+}
+
+// rebaseCopy is the safe part of rebase: it copies into dev what would
+// change with the new backing file.
+func rebaseCopy(dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
+	img, _ := dev.(*qcow2.Image)
+	chain := chainOf(cfg.Filename, cfg.Format, dev)
+	var oldBacking, newBacking block.Device
+	if len(chain) > 1 {
+		oldBacking = chain[1].dev
+	}
+	prefix := -1 // index in chain of the new backing file, if it is there
+	if cfg.Backing != "" {
+		real := combinePath(cfg.Filename, cfg.Backing)
+		if prefix = findBacking(chain, real); prefix >= 0 {
+			newBacking = chain[prefix].dev
+		} else {
+			nb, err := openImage(real, cfg.BackingFormat, qcow2.Options{ReadOnly: true})
+			if err != nil {
+				return fmt.Errorf("Could not open new backing file '%s': %s", cfg.Backing, unwrapOpen(err, real))
+			}
+			defer nb.Close()
+			newBacking = nb
+		}
+	}
+	if img == nil {
+		return nil // raw: nothing is unallocated; the header change fails
+	}
+	size := dev.Size()
+	oldSize, newSize := sectorSize(oldBacking), sectorSize(newBacking)
+	bufOld, bufNew := make([]byte, compareBuf), make([]byte, compareBuf)
+	var step float32
+	if size != 0 {
+		step = 100 / float32(size/min(size, compareBuf))
+	}
+	for off := int64(0); off < size; {
+		n := min(compareBuf, size-off)
+		e, err := img.Extent(off, n)
+		if err != nil {
+			return fmt.Errorf("error while reading image metadata: %s", strerror(err))
+		}
+		n = e.Length
+		if e.Depth == 1 {
+			off += n
+			continue
+		}
+		if prefix >= 0 {
+			m, err := img.MapAt(off, n)
+			if err != nil {
+				return fmt.Errorf("error while reading image metadata: %s", strerror(err))
+			}
+			n = m.Length
+			if !m.Present || m.Depth >= prefix {
+				off += n
+				continue
+			}
+		}
+		oldZero := off >= oldSize
+		if !oldZero {
+			n = min(n, oldSize-off)
+			if err := readPadded(oldBacking, bufOld[:n], off); err != nil {
+				return errors.New("error while reading from old backing file")
+			}
+		} else {
+			clear(bufOld[:n])
+		}
+		if newBacking == nil || off >= newSize {
+			clear(bufNew[:n])
+		} else {
+			n = min(n, newSize-off)
+			if err := readPadded(newBacking, bufNew[:n], off); err != nil {
+				return errors.New("error while reading from new backing file")
+			}
+		}
+		for done := int64(0); done < n; {
+			differ, run := sameRun(bufOld[done:n], bufNew[done:n])
+			if differ {
+				var err error
+				if oldZero {
+					err = img.WriteZeroes(off+done, run, false, false)
+				} else {
+					_, err = img.WriteAt(bufOld[done:done+run], off+done, false)
+				}
+				if err != nil {
+					return fmt.Errorf("Error while writing to COW image: %s", strerror(err))
+				}
+			}
+			done += run
+		}
+		prog.print(step, 100)
+		off += n
+	}
+	return nil
+}
+
+// sameRun is QEMU's compare_buffers: whether the first sector of p1 and
+// p2 differ, and how many bytes from the start, in whole sectors, share
+// that answer.
+func sameRun(p1, p2 []byte) (differ bool, n int64) {
+	i := min(len(p1), 512)
+	differ = string(p1[:i]) != string(p2[:i])
+	for i < len(p1) {
+		j := min(len(p1), i+512)
+		if (string(p1[i:j]) != string(p2[i:j])) != differ {
+			break
+		}
+		i = j
+	}
+	return differ, int64(i)
+}
+
+// sectorSize is a device's size in whole sectors, as QEMU sees it; 0 for
+// none.
+func sectorSize(d block.Device) int64 {
+	if d == nil {
+		return 0
+	}
+	return (d.Size() + 511) &^ 511
+}
+
+// readPadded reads p at off, the part past the end of a raw file's partial
+// last sector as zeros.
+func readPadded(d block.Device, p []byte, off int64) error {
+	have := max(0, min(int64(len(p)), d.Size()-off))
+	if have > 0 {
+		if _, err := d.ReadAt(p[:have], off); err != nil && err != io.EOF {
+			return err
+		}
+	}
+	clear(p[have:])
+	return nil
+}
+
+// unwrapOpen strips openImage's "Could not open 'name': " from err, which
+// callers that name the file themselves put their own words before.
+func unwrapOpen(err error, name string) string {
+	prefix := fmt.Sprintf("Could not open '%s': ", name)
+	s := err.Error()
+	if len(s) > len(prefix) && s[:len(prefix)] == prefix {
+		return s[len(prefix):]
+	}
+	return s
+}

@@ -1,0 +1,268 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// Defaults of Config and of the ovis nbd command line.
+const (
+	// DefaultPort is NBD's IANA port, qemu-nbd's default.
+	DefaultPort = "10809"
+	// DefaultBind is qemu-nbd's default interface: all of them.
+	DefaultBind = "0.0.0.0"
+	// DefaultShutdownTimeout bounds how long a stop waits for requests in
+	// service before connections are cut.
+	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultCacheCleanInterval is QEMU's cache-clean-interval, in
+	// seconds, which ovis nbd and ovis up pass unless told otherwise.
+	DefaultCacheCleanInterval = 600
+	// maxNameLen is NBD_MAX_STRING_SIZE, the longest export name or
+	// description.
+	maxNameLen = 4096
+)
+
+// Discard is what a TRIM does to the image (qemu-nbd --discard).
+type Discard uint8
+
+const (
+	// DiscardIgnore makes TRIM a successful no-op and drops the unmap
+	// permission of zero writes: the image never shrinks. qemu-nbd's
+	// default.
+	DiscardIgnore Discard = iota
+	// DiscardUnmap passes TRIM and unmapping zero writes to the image.
+	DiscardUnmap
+)
+
+// ParseDiscard parses --discard's values as QEMU does: ignore (or off)
+// and unmap (or on). Any other value is qemu-nbd's "Invalid discard mode"
+// error.
+func ParseDiscard(s string) (Discard, error) {
+	switch s {
+	case "ignore", "off":
+		return DiscardIgnore, nil
+	case "unmap", "on":
+		return DiscardUnmap, nil
+	}
+	return 0, fmt.Errorf("Invalid discard mode `%s'", s)
+}
+
+// String returns the option value.
+func (d Discard) String() string {
+	if d == DiscardUnmap {
+		return "unmap"
+	}
+	return "ignore"
+}
+
+// DetectZeroes is what happens to writes whose payload is all zeros
+// (qemu-nbd --detect-zeroes).
+type DetectZeroes uint8
+
+const (
+	// DetectZeroesOff writes zeros as data. The default.
+	DetectZeroesOff DetectZeroes = iota
+	// DetectZeroesOn turns them into zero writes that keep the range
+	// allocated.
+	DetectZeroesOn
+	// DetectZeroesUnmap turns them into zero writes that may deallocate
+	// the range. It needs DiscardUnmap.
+	DetectZeroesUnmap
+)
+
+// ParseDetectZeroes parses --detect-zeroes's values: off, on, unmap. Any
+// other value is qemu-nbd's error.
+func ParseDetectZeroes(s string) (DetectZeroes, error) {
+	switch s {
+	case "off":
+		return DetectZeroesOff, nil
+	case "on":
+		return DetectZeroesOn, nil
+	case "unmap":
+		return DetectZeroesUnmap, nil
+	}
+	return 0, fmt.Errorf("Failed to parse detect_zeroes mode: invalid parameter value: %s", s)
+}
+
+// String returns the option value.
+func (z DetectZeroes) String() string {
+	switch z {
+	case DetectZeroesOn:
+		return "on"
+	case DetectZeroesUnmap:
+		return "unmap"
+	}
+	return "off"
+}
+
+// ParseCacheMode parses --cache's values as qemu-nbd does, with its error
+// message.
+func ParseCacheMode(s string) (block.CacheMode, error) {
+	m, err := block.ParseCacheMode(s)
+	if err != nil {
+		return 0, fmt.Errorf("Invalid cache mode `%s'", s)
+	}
+	return m, nil
+}
+
+// Config configures Run: one image served as one export. The zero value
+// of every field but File means its default.
+type Config struct {
+	// File is the image to serve. Required.
+	File string
+	// Format is "qcow2" or "raw". The default ("") probes the file, as
+	// qemu-nbd does without -f.
+	Format string
+
+	// Socket is the path of a unix socket to listen on (-k); it must be
+	// absolute. When set, Bind and Port are ignored, as qemu-nbd ignores
+	// them. A stale socket file there is replaced; any other file is an
+	// error.
+	Socket string
+	// Bind is the address to listen on for TCP (-b). The default is
+	// "0.0.0.0".
+	Bind string
+	// Port is the TCP port or service name (-p). The default is "10809";
+	// "0" picks a free port, which Ready reports.
+	Port string
+
+	// ExportName is the export's name (-x). The default is "", the name
+	// clients ask for when they give none. At most 4096 bytes.
+	ExportName string
+	// Description is shown to clients that list exports (-D). At most
+	// 4096 bytes. The default is none.
+	Description string
+
+	// ReadOnly exports the image read-only (-r); writes fail with EPERM.
+	ReadOnly bool
+	// Persistent keeps serving after the last client left (-t). The
+	// default (false) stops once the last client that completed a
+	// handshake has disconnected, as qemu-nbd does.
+	Persistent bool
+	// Shared is the most connections open at once (-e); further clients
+	// wait in the listen backlog. CAN_MULTI_CONN is advertised when it is
+	// not 1. The default (0) is no limit, as qemu-nbd's -e 0; the ovis nbd
+	// command passes qemu-nbd's default, 1.
+	Shared int
+	// Snapshot sends writes to a temporary qcow2 overlay over File (-s),
+	// which is deleted when Run returns; File is opened read-only and
+	// never changes.
+	Snapshot bool
+
+	// Cache is QEMU's cache mode (--cache, -n): host page cache or
+	// O_DIRECT, and whether writes are FUA. The default is writeback.
+	Cache block.CacheMode
+	// Discard is what TRIM does (--discard). The default ignores it.
+	Discard Discard
+	// DetectZeroes turns all-zero writes into zero writes
+	// (--detect-zeroes). The default is off.
+	DetectZeroes DetectZeroes
+
+	// L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize,
+	// L2CachePolicy and CacheCleanInterval are QEMU's qcow2 runtime
+	// options, passed to qcow2.Options as they are (see there for the
+	// defaults of the sizes). CacheCleanInterval is in seconds; its
+	// default (0) disables cleaning, and ovis nbd and ovis up pass
+	// QEMU's 600. They do not apply to raw images.
+	L2CacheSize        int64
+	L2CacheEntrySize   int64
+	RefcountCacheSize  int64
+	CacheSize          int64
+	L2CachePolicy      string
+	CacheCleanInterval int
+
+	// TLSCert and TLSKey are PEM files of the server's certificate and
+	// key. Set both to require TLS: clients that do not start it are
+	// refused before they see the export list. The default (both empty)
+	// serves without TLS.
+	TLSCert, TLSKey string
+	// TLSCA is a PEM file of the certificate authorities that client
+	// certificates must chain to; setting it makes client certificates
+	// mandatory. It needs TLSCert. The default ("") asks for none.
+	TLSCA string
+
+	// PidFile, when set, receives the server's process id once it is
+	// listening (--pid-file), and is removed when Run returns.
+	PidFile string
+
+	// ShutdownTimeout bounds how long a stop waits for requests in
+	// service; then connections are cut (the device is still flushed and
+	// closed). The default is 30 seconds.
+	ShutdownTimeout time.Duration
+	// Logger receives the logs. nil means slog.Default().
+	Logger *slog.Logger
+	// Ready, when non-nil, is called once with the listening address
+	// after the pid file was written, before the first client is served.
+	Ready func(addr net.Addr)
+}
+
+// Validate reports the first invalid field, quoting the bad value in
+// qemu-nbd's words where qemu-nbd has them. It accepts zero values, which
+// mean defaults.
+func (c *Config) Validate() error {
+	switch {
+	case c.File == "":
+		return errors.New("serve: config: no image file")
+	case c.Format != "" && c.Format != "qcow2" && c.Format != "raw":
+		return fmt.Errorf("Failed to blk_new_open '%s': Unknown driver '%s'", c.File, c.Format)
+	case c.Socket != "" && !filepath.IsAbs(c.Socket):
+		return errors.New("socket path must be absolute")
+	case len(c.ExportName) > maxNameLen:
+		return fmt.Errorf("export name '%s' too long", c.ExportName)
+	case len(c.Description) > maxNameLen:
+		return fmt.Errorf("export description '%s' too long", c.Description)
+	case c.Shared < 0:
+		return fmt.Errorf("Invalid shared device number '%d'", c.Shared)
+	case c.Cache > block.CacheUnsafe:
+		return fmt.Errorf("Invalid cache mode `%s'", c.Cache)
+	case c.Discard > DiscardUnmap:
+		return fmt.Errorf("Invalid discard mode `%d'", c.Discard)
+	case c.DetectZeroes > DetectZeroesUnmap:
+		return fmt.Errorf("Failed to parse detect_zeroes mode: invalid parameter value: %d", c.DetectZeroes)
+	case c.DetectZeroes == DetectZeroesUnmap && c.Discard != DiscardUnmap:
+		return errors.New("setting detect-zeroes to unmap is not allowed without setting discard operation to unmap")
+	case c.L2CacheSize < 0, c.L2CacheEntrySize < 0, c.RefcountCacheSize < 0, c.CacheSize < 0:
+		return fmt.Errorf("cache sizes must not be negative (l2-cache-size %d, l2-cache-entry-size %d, refcount-cache-size %d, cache-size %d)",
+			c.L2CacheSize, c.L2CacheEntrySize, c.RefcountCacheSize, c.CacheSize)
+	case c.CacheCleanInterval < 0:
+		return fmt.Errorf("cache-clean-interval %d is negative", c.CacheCleanInterval)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return errors.New("--tls-cert and --tls-key must be given together")
+	case c.TLSCA != "" && c.TLSCert == "":
+		return errors.New("--tls-ca needs --tls-cert and --tls-key")
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("serve: config: shutdown timeout %v is negative", c.ShutdownTimeout)
+	}
+	switch c.L2CachePolicy {
+	case "", "lru", "hitcount", "hitcount-floor":
+	default:
+		return fmt.Errorf("Invalid l2-cache-policy '%s' (want lru, hitcount or hitcount-floor)", c.L2CachePolicy)
+	}
+	return nil
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if c.Bind == "" {
+		c.Bind = DefaultBind
+	}
+	if c.Port == "" {
+		c.Port = DefaultPort
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// multiConn reports whether CAN_MULTI_CONN is advertised.
+func (c *Config) multiConn() bool { return c.Shared != 1 }

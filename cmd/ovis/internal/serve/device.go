@@ -1,0 +1,138 @@
+package serve
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/qcow2"
+)
+
+// openDevice opens the image the Config names as the device to export:
+// the image (or, with Snapshot, a temporary overlay over it) under the
+// cache mode's file opener, wrapped with the cache mode's write semantics
+// and then the discard and detect-zeroes policy. It returns the format it
+// served. Errors read as qemu-nbd's "Failed to blk_new_open" messages.
+func openDevice(c *Config) (block.Device, string, error) {
+	format := c.Format
+	if format == "qcow2" {
+		// QEMU's qcow2 driver refuses a file without the magic before
+		// reading further; say so rather than report a short header.
+		if f, err := qcow2.Probe(c.File); err == nil && f != "qcow2" {
+			return nil, "", &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': Image is not in qcow2 format", c.File)}
+		}
+	}
+	if format == "" {
+		f, err := qcow2.Probe(c.File)
+		if err != nil {
+			return nil, "", openError(c.File, err)
+		}
+		format = f
+		if format == "raw" {
+			c.Logger.Warn("image format was not specified and probing guessed raw; pass -f raw to silence this", "file", c.File)
+		}
+	}
+	o := qcow2.Options{
+		ReadOnly:           c.ReadOnly || c.Snapshot,
+		L2CacheSize:        c.L2CacheSize,
+		L2CacheEntrySize:   c.L2CacheEntrySize,
+		RefcountCacheSize:  c.RefcountCacheSize,
+		CacheSize:          c.CacheSize,
+		L2CachePolicy:      c.L2CachePolicy,
+		CacheCleanInterval: c.CacheCleanInterval,
+		OpenFile:           block.OpenFileFor(c.Cache),
+	}
+	var (
+		dev block.Device
+		err error
+	)
+	if c.Snapshot {
+		dev, err = openOverlay(c.File, format, o, c.ReadOnly)
+	} else {
+		dev, err = qcow2.OpenDevice(c.File, format, o)
+	}
+	if err != nil {
+		return nil, "", openError(c.File, err)
+	}
+	dev = block.WithCacheMode(dev, c.Cache)
+	return withPolicy(dev, c.Discard, c.DetectZeroes), format, nil
+}
+
+// openOverlay makes a qcow2 overlay in os.TempDir whose backing file is
+// the image (qemu-nbd -s), opens it, and unlinks it at once: the open
+// file is all that is left of it, so it is gone when the device is
+// closed, even if the process is killed. The image is opened read-only
+// as the overlay's backing file.
+func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.Device, error) {
+	abs, err := filepath.Abs(image)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return nil, err
+	}
+	tmp, err := os.CreateTemp("", "ovis-nbd-snapshot-*.qcow2")
+	if err != nil {
+		return nil, fmt.Errorf("Could not create temporary overlay: %w", err)
+	}
+	path := tmp.Name()
+	tmp.Close()
+	defer os.Remove(path)
+	if err := qcow2.Create(path, qcow2.CreateOptions{BackingFile: abs, BackingFormat: format}); err != nil {
+		return nil, fmt.Errorf("Could not create temporary overlay: %w", err)
+	}
+	o.ReadOnly = readOnly
+	img, err := qcow2.Open(path, o)
+	if err != nil {
+		return nil, err
+	}
+	return img, nil
+}
+
+// openError is qemu-nbd's message for an image it cannot open, keeping
+// the cause for errors.Is.
+func openError(path string, err error) error {
+	return &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': %s", path, openReason(err)), err: err}
+}
+
+// openReason says why an image could not be opened in QEMU's words where
+// the cause is one QEMU names.
+func openReason(err error) string {
+	var (
+		pe *fs.PathError
+		fe *qcow2.FormatError
+	)
+	switch {
+	case errors.As(err, &fe):
+		return "Image is not in qcow2 format"
+	case errors.As(err, &pe):
+		return fmt.Sprintf("Could not open '%s': %s", pe.Path, strerror(pe.Err))
+	}
+	return err.Error()
+}
+
+// strerror renders an errno as C's strerror does, capitalized ("No such
+// file or directory"); other errors keep their text.
+func strerror(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		if s := errno.Error(); s != "" {
+			return strings.ToUpper(s[:1]) + s[1:]
+		}
+	}
+	return err.Error()
+}
+
+// msgError carries QEMU's wording for a failure and unwraps to the cause.
+type msgError struct {
+	msg string
+	err error
+}
+
+func (e *msgError) Error() string { return e.msg }
+func (e *msgError) Unwrap() error { return e.err }

@@ -1,0 +1,46 @@
+// Package serve runs one image as an NBD export: the logic behind
+// `ovis nbd` (a drop-in for qemu-nbd 7.2) and `ovis up`.
+//
+// Files, by concern: config.go (Config, Validate and the qemu-nbd option
+// values), device.go (opening the image under a cache mode, the -s
+// overlay), policy.go (the --discard and --detect-zeroes device wrapper),
+// listener.go (binding, the -e connection limit, noticing the last
+// client), tls.go, daemon.go (--fork and --pid-file), run.go (Run: the
+// lifecycle) and up.go (Up).
+//
+// Run's order, which callers rely on:
+//
+//  1. Validate the Config, open the image (and the -s overlay) under the
+//     cache mode, bind the listener, write the pid file, then call
+//     Config.Ready: from then on clients can connect.
+//  2. Serve until the context ends (SIGINT, SIGTERM), the listener fails,
+//     or — without Persistent — the last client that completed a
+//     handshake disconnects.
+//  3. Stop: stop accepting, let requests in service finish and reply
+//     (nbd.Server.Shutdown, bounded by ShutdownTimeout), flush and close
+//     the device, then remove the socket file, the pid file and the
+//     overlay. The first error is returned, but the teardown finishes.
+//
+// Invariants:
+//
+//  1. The device is closed after the server has stopped calling it, and
+//     exactly once.
+//  2. At most Config.Shared connections are open at once (0: no limit);
+//     further clients wait in the listen backlog, as with qemu-nbd.
+//  3. CAN_MULTI_CONN is advertised exactly when more than one connection
+//     is allowed (Shared != 1), as qemu-nbd 7.2 does. That is always sound
+//     for ovis devices: every connection shares one block.Device, whose
+//     Flush and FUA writes cover the writes made through all of them.
+//
+// Differences from qemu-nbd: qemu:allocation-depth is always offered
+// (ovis nbd accepts -A and ignores it); TLS takes PEM files (--tls-cert,
+// --tls-key, --tls-ca) instead of --object tls-creds-x509; only a socket
+// file is removed from the -k path before binding (qemu-nbd removes any
+// file); the -s overlay is unlinked as soon as it is open; the qcow2 cache
+// options are flags rather than --image-opts. Image files are not locked.
+//
+// Not done here: qemu-nbd's --image-opts, --object, -o/--offset, -l
+// (internal snapshots), -B (dirty bitmaps), -c/-d (the kernel client),
+// --aio, --selinux-label, -L (listing another server) and socket
+// activation.
+package serve

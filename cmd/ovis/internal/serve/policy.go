@@ -1,0 +1,79 @@
+package serve
+
+import (
+	"bytes"
+
+	"github.com/ovis-storage/ovis/block"
+)
+
+// policyDevice applies qemu-nbd's --discard and --detect-zeroes to a
+// device, as QEMU's block layer does above the format driver:
+//
+//   - with DiscardIgnore, Discard succeeds without reaching the device and
+//     WriteZeroes loses its permission to unmap (QEMU clears
+//     BDRV_REQ_MAY_UNMAP without BDRV_O_UNMAP);
+//   - with DetectZeroesOn, a write whose payload is all zeros becomes
+//     WriteZeroes(mayUnmap=false) with the same FUA; with
+//     DetectZeroesUnmap, WriteZeroes(mayUnmap=true), which Validate allows
+//     only together with DiscardUnmap.
+//
+// Every other method is the device's own.
+//
+// Safe for concurrent use if the device is. Close closes the device.
+type policyDevice struct {
+	block.Device
+	discard Discard
+	zeroes  DetectZeroes
+}
+
+var _ block.Device = policyDevice{}
+
+// withPolicy wraps d unless both policies are the device's own behaviour
+// (discard=unmap, detect-zeroes=off).
+func withPolicy(d block.Device, discard Discard, zeroes DetectZeroes) block.Device {
+	if discard == DiscardUnmap && zeroes == DetectZeroesOff {
+		return d
+	}
+	return policyDevice{Device: d, discard: discard, zeroes: zeroes}
+}
+
+// WriteAt writes p, or zeroes its range when detection is on and p is all
+// zeros.
+func (d policyDevice) WriteAt(p []byte, off int64, fua bool) (int, error) {
+	if d.zeroes == DetectZeroesOff || len(p) == 0 || !allZero(p) {
+		return d.Device.WriteAt(p, off, fua)
+	}
+	if err := d.WriteZeroes(off, int64(len(p)), d.zeroes == DetectZeroesUnmap, fua); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteZeroes zeroes the range; it may unmap only under DiscardUnmap.
+func (d policyDevice) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
+	return d.Device.WriteZeroes(off, n, mayUnmap && d.discard == DiscardUnmap, fua)
+}
+
+// Discard passes the hint on under DiscardUnmap and checks only the range
+// otherwise.
+func (d policyDevice) Discard(off, n int64) error {
+	if d.discard == DiscardUnmap {
+		return d.Device.Discard(off, n)
+	}
+	return block.CheckRange(off, n, d.Size())
+}
+
+// zeroChunk is compared against, a chunk at a time, by allZero.
+var zeroChunk [64 << 10]byte
+
+// allZero reports whether p holds only zero bytes.
+func allZero(p []byte) bool {
+	for len(p) > 0 {
+		n := min(len(p), len(zeroChunk))
+		if !bytes.Equal(p[:n], zeroChunk[:n]) {
+			return false
+		}
+		p = p[n:]
+	}
+	return true
+}

@@ -1,0 +1,146 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/ovis-storage/ovis/nbd"
+)
+
+// Run serves the image c names over NBD until ctx ends (the caller ties
+// it to SIGINT and SIGTERM), the listener fails, or — without
+// c.Persistent — the last client has disconnected. Then it stops as
+// doc.go describes: requests in service finish and reply, the device is
+// flushed and closed, and the socket, pid file and overlay are removed.
+//
+// It returns Validate's error, the open, bind, TLS and pid file errors in
+// qemu-nbd's words, a failed accept, or the first error of the teardown
+// (a failed flush or close). A stop asked for by ctx or by the last
+// client leaving is not an error.
+func Run(ctx context.Context, c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	c = c.withDefaults()
+	log := c.Logger
+
+	tlsCfg, clientCAs, err := loadTLS(&c)
+	if err != nil {
+		return err
+	}
+	dev, format, err := openDevice(&c)
+	if err != nil {
+		return err
+	}
+	closeDev := func() error {
+		ferr := dev.Flush()
+		cerr := dev.Close()
+		return errors.Join(ferr, cerr)
+	}
+
+	ln, err := listen(&c)
+	if err != nil {
+		closeDev()
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var idle func()
+	if !c.Persistent {
+		idle = stop
+	}
+	g := newGate(ln, c.Shared, idle)
+
+	maxConns := nbd.DefaultMaxConnections
+	if c.Shared > maxConns {
+		maxConns = c.Shared
+	}
+	srv, err := nbd.New(nbd.Config{
+		Exports: []nbd.Export{{
+			Name:        c.ExportName,
+			Description: c.Description,
+			Device:      dev,
+			ReadOnly:    c.ReadOnly,
+			MultiConn:   c.multiConn(),
+		}},
+		TLS:            tlsCfg,
+		ClientCAs:      clientCAs,
+		MaxConnections: maxConns,
+		Logger:         log,
+	})
+	if err != nil {
+		g.Close()
+		closeDev()
+		return err
+	}
+	cleanupFiles := func() {
+		if c.Socket != "" {
+			if err := os.Remove(c.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.Warn("removing socket failed", "err", err)
+			}
+		}
+		if c.PidFile != "" {
+			if err := os.Remove(c.PidFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+				log.Warn("removing pid file failed", "err", err)
+			}
+		}
+	}
+	if c.PidFile != "" {
+		if err := writePidFile(c.PidFile); err != nil {
+			g.Close()
+			srv.Close()
+			closeDev()
+			cleanupFiles()
+			return err
+		}
+	}
+
+	log.Info("serving", "file", c.File, "format", format, "addr", ln.Addr().String(), "export", c.ExportName,
+		"read_only", c.ReadOnly, "cache", c.Cache.String(), "shared", c.Shared, "multi_conn", c.multiConn(),
+		"persistent", c.Persistent, "snapshot", c.Snapshot, "tls", tlsCfg != nil)
+	if c.Ready != nil {
+		c.Ready(ln.Addr())
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(runCtx, g) }()
+	var serveErr error
+	select {
+	case <-runCtx.Done():
+		serveErr = <-served
+	case serveErr = <-served:
+	}
+	switch {
+	case errors.Is(serveErr, context.Canceled), errors.Is(serveErr, context.DeadlineExceeded), errors.Is(serveErr, nbd.ErrServerClosed):
+		serveErr = nil
+	case serveErr != nil:
+		log.Error("accept failed", "err", serveErr)
+	}
+
+	why := "signal"
+	if ctx.Err() == nil {
+		why = "last client left"
+		if serveErr != nil {
+			why = "listener failed"
+		}
+	}
+	log.Info("stopping", "reason", why)
+	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	err = srv.Shutdown(sctx)
+	cancel()
+	if err != nil && !errors.Is(err, nbd.ErrServerClosed) {
+		log.Warn("requests in service did not finish in time; connections cut", "timeout", c.ShutdownTimeout)
+	}
+	devErr := closeDev()
+	if devErr != nil {
+		log.Error("flushing and closing the image failed", "file", c.File, "err", devErr)
+		devErr = fmt.Errorf("closing %s: %w", c.File, devErr)
+	}
+	cleanupFiles()
+	if devErr == nil && serveErr == nil {
+		log.Info("stopped", "file", c.File)
+	}
+	return errors.Join(serveErr, devErr)
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/serve"
+)
+
+// newNBDCmd is `ovis nbd`, qemu-nbd 7.2's server mode with its options.
+func newNBDCmd() *cobra.Command {
+	cfg := serve.Config{Port: serve.DefaultPort, Bind: serve.DefaultBind}
+	var (
+		shared, cache, discard, detectZeroes   string
+		l2Size, l2EntrySize, rcSize, cacheSize string
+		noCache, allocDepth, fork, verbose     bool
+	)
+	cmd := &cobra.Command{
+		Use:   "nbd [OPTIONS] FILE",
+		Short: "Serve a disk image over NBD (qemu-nbd compatible)",
+		Long: "ovis nbd exports FILE (qcow2 or raw) over the Network Block Device protocol with\n" +
+			"qemu-nbd 7.2's options. It serves one export on a TCP port (default 0.0.0.0:10809)\n" +
+			"or a unix socket (-k) and stops after the last client disconnects unless -t is\n" +
+			"given. On SIGINT or SIGTERM it lets requests in service finish, flushes and\n" +
+			"closes the image, removes the socket and pid file, and exits 0.\n\n" +
+			"CAN_MULTI_CONN is advertised when more than one connection is allowed (-e other\n" +
+			"than 1), as qemu-nbd does; every connection shares one device, so a flush on\n" +
+			"one covers the writes of all.",
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return img.UsageError("Invalid number of arguments")
+			}
+			cfg.File = args[0]
+			f := cmd.Flags()
+			var err error
+			if cfg.Shared, err = strconv.Atoi(shared); err != nil || cfg.Shared < 0 {
+				return fmt.Errorf("Invalid shared device number '%s'", shared)
+			}
+			if noCache && f.Changed("cache") {
+				return errors.New("-n and --cache can only be specified once")
+			}
+			if noCache {
+				cache = "none"
+			}
+			if cfg.Cache, err = serve.ParseCacheMode(cache); err != nil {
+				return err
+			}
+			if cfg.Discard, err = serve.ParseDiscard(discard); err != nil {
+				return err
+			}
+			if cfg.DetectZeroes, err = serve.ParseDetectZeroes(detectZeroes); err != nil {
+				return err
+			}
+			for _, s := range []struct {
+				name string
+				val  string
+				dst  *int64
+			}{
+				{"l2-cache-size", l2Size, &cfg.L2CacheSize},
+				{"l2-cache-entry-size", l2EntrySize, &cfg.L2CacheEntrySize},
+				{"refcount-cache-size", rcSize, &cfg.RefcountCacheSize},
+				{"cache-size", cacheSize, &cfg.CacheSize},
+			} {
+				if s.val == "" {
+					continue
+				}
+				v, err := img.ParseSize(s.val)
+				if err != nil || v > 1<<62 {
+					return fmt.Errorf("Parameter '%s' expects a non-negative number below 2^64", s.name)
+				}
+				*s.dst = int64(v)
+			}
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if fork && !serve.IsDaemonChild() {
+				err := serve.Daemonize(cmd.ErrOrStderr())
+				var exit *serve.ExitError
+				if errors.As(err, &exit) {
+					os.Exit(exit.Code) // the server printed why
+				}
+				return err
+			}
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelDebug
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			// A server started by --fork tells its parent it is ready; if
+			// it cannot, it stops rather than leave the parent waiting.
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			var notifyErr error
+			cfg.Ready = func(net.Addr) {
+				if notifyErr = serve.NotifyReady(); notifyErr != nil {
+					cancel()
+				}
+			}
+			if err := serve.Run(ctx, cfg); err != nil {
+				return err
+			}
+			return notifyErr
+		},
+	}
+	f := cmd.Flags()
+	f.SortFlags = false
+	f.StringVarP(&cfg.Socket, "socket", "k", "", "path of the unix socket to listen on (instead of TCP)")
+	f.StringVarP(&cfg.Port, "port", "p", cfg.Port, "TCP port to listen on")
+	f.StringVarP(&cfg.Bind, "bind", "b", cfg.Bind, "interface to bind to")
+	f.StringVarP(&shared, "shared", "e", "1", "serve up to NUM connections at once (0: no limit); CAN_MULTI_CONN unless 1")
+	f.BoolVarP(&cfg.Persistent, "persistent", "t", false, "don't exit on the last connection")
+	f.StringVarP(&cfg.ExportName, "export-name", "x", "", "export name")
+	f.StringVarP(&cfg.Description, "description", "D", "", "export description for humans")
+	f.StringVarP(&cfg.Format, "format", "f", "", "image format: qcow2 or raw (default: probe)")
+	f.BoolVarP(&cfg.ReadOnly, "read-only", "r", false, "export read-only")
+	f.BoolVarP(&cfg.Snapshot, "snapshot", "s", false, "send writes to a temporary qcow2 overlay, deleted on exit; FILE is not changed")
+	f.BoolVarP(&noCache, "nocache", "n", false, "disable host cache (--cache=none)")
+	f.StringVar(&cache, "cache", block.CacheWriteback.String(), "cache mode: writeback, writethrough, none, directsync or unsafe")
+	f.StringVar(&discard, "discard", "ignore", "discard mode: ignore (TRIM does nothing) or unmap")
+	f.StringVar(&detectZeroes, "detect-zeroes", "off", "turn all-zero writes into zero writes: off, on or unmap (needs --discard=unmap)")
+	f.BoolVarP(&allocDepth, "allocation-depth", "A", false, "expose qemu:allocation-depth (always on in ovis)")
+	f.BoolVar(&fork, "fork", false, "fork off the server process and exit once it is serving")
+	f.StringVar(&cfg.PidFile, "pid-file", "", "write the server's process ID to this file")
+	f.BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
+	f.StringVar(&l2Size, "l2-cache-size", "", "qcow2 L2 cache size in bytes (default: whole disk, at most 32M)")
+	f.StringVar(&l2EntrySize, "l2-cache-entry-size", "", "qcow2 L2 cache entry size in bytes (default: the cluster size)")
+	f.StringVar(&rcSize, "refcount-cache-size", "", "qcow2 refcount cache size in bytes (default: 4 clusters)")
+	f.StringVar(&cacheSize, "cache-size", "", "qcow2 L2 and refcount caches together, in bytes")
+	f.IntVar(&cfg.CacheCleanInterval, "cache-clean-interval", serve.DefaultCacheCleanInterval, "drop qcow2 cache entries unused for this many seconds (0: never)")
+	f.StringVar(&cfg.L2CachePolicy, "l2-cache-policy", "lru", "qcow2 L2 cache eviction: lru, hitcount or hitcount-floor")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: require TLS")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA certificates: require client certificates signed by them")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "how long a stop waits for requests in service")
+	return cmd
+}
