@@ -35,7 +35,8 @@ type Raw struct {
 	f        File
 	readOnly bool
 	size     int64
-	// fd is the host descriptor when f is an *OSFile, else -1.
+	// fd is the host descriptor when f has one (an *OSFile or a
+	// *DirectFile), else -1.
 	fd int
 
 	mu struct {
@@ -72,7 +73,8 @@ func NewRaw(f File, readOnly bool) (*Raw, error) {
 		return nil, fmt.Errorf("block: raw size: %w", err)
 	}
 	r := &Raw{f: f, readOnly: readOnly, size: size, fd: -1}
-	if o, ok := f.(*OSFile); ok {
+	if o, ok := f.(interface{ Fd() uintptr }); ok {
+		// *OSFile and *DirectFile: fallocate and SEEK_DATA work on both.
 		r.fd = int(o.Fd())
 	}
 	return r, nil
