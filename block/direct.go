@@ -47,8 +47,13 @@ func OpenFileDirect(path string, readOnly bool) (*DirectFile, error) {
 	return &DirectFile{f: f}, nil
 }
 
-// alignedBuf returns a zeroed buffer of n bytes (a multiple of
-// DirectAlign) whose address is DirectAlign-aligned.
+// AlignedBuf returns a zeroed buffer of n bytes whose address is
+// DirectAlign-aligned, so that DirectFile reads into it need no bounce
+// buffer when n and the offset are multiples of DirectAlign.
+func AlignedBuf(n int) []byte { return alignedBuf(n) }
+
+// alignedBuf returns a zeroed buffer of n bytes whose address is
+// DirectAlign-aligned.
 func alignedBuf(n int) []byte {
 	b := make([]byte, n+DirectAlign)
 	shift := int(uintptr(unsafe.Pointer(unsafe.SliceData(b))) & (DirectAlign - 1))

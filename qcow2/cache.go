@@ -29,6 +29,10 @@ type tableCache struct {
 	policy    evictionPolicy
 
 	entries map[uint64]*cacheEntry
+	// free holds buffers of evicted entries for the next loads, so that
+	// a cache that misses all the time does not allocate (and, being
+	// aligned, O_DIRECT reads land in them without a bounce buffer).
+	free [][]byte
 	// epoch advances once per cache-clean-interval; an entry whose
 	// lastUse is older than the previous epoch has been idle a whole
 	// interval.
@@ -140,7 +144,15 @@ func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 	c.stats.MaxLoading = max(c.stats.MaxLoading, c.stats.Loading)
 	ch := e.loading
 	c.mu.Unlock()
-	buf := make([]byte, c.entrySize)
+	var buf []byte
+	c.mu.Lock()
+	if n := len(c.free); n > 0 {
+		buf, c.free = c.free[n-1], c.free[:n-1]
+	}
+	c.mu.Unlock()
+	if buf == nil {
+		buf = block.AlignedBuf(c.entrySize)
+	}
 	err := block.ReadFull(c.file, buf, int64(off))
 	c.mu.Lock()
 	c.stats.Loading--
@@ -148,6 +160,7 @@ func (c *tableCache) load(off uint64) (*cacheEntry, error) {
 	close(ch)
 	if err != nil {
 		c.removeLocked(e)
+		c.recycleLocked(buf)
 		return nil, fmt.Errorf("qcow2: reading %s at %#x: %w", c.name, off, err)
 	}
 	e.buf = buf
@@ -205,6 +218,23 @@ func (c *tableCache) removeLocked(e *cacheEntry) {
 
 func evictable(e *cacheEntry) bool { return e.pins == 0 && !e.dirty && e.loading == nil }
 
+// evictLocked drops an evictable entry and keeps its buffer for reuse:
+// nothing else refers to it (no pins, not loading, clean).
+func (c *tableCache) evictLocked(e *cacheEntry) {
+	c.removeLocked(e)
+	c.stats.Evictions++
+	if len(e.buf) == c.entrySize {
+		c.recycleLocked(e.buf)
+		e.buf = nil
+	}
+}
+
+func (c *tableCache) recycleLocked(buf []byte) {
+	if len(c.free) < 64 {
+		c.free = append(c.free, buf)
+	}
+}
+
 // makeRoomLocked evicts so that one more entry fits, if the policy finds
 // an evictable entry; otherwise the cache overshoots until entries are
 // unpinned or flushed.
@@ -213,8 +243,7 @@ func (c *tableCache) makeRoomLocked() {
 		// QEMU's scan runs on every miss and may replace an occupied
 		// slot even while others are empty.
 		if v, room := hp.victim(evictable); !room && v != nil {
-			c.removeLocked(v)
-			c.stats.Evictions++
+			c.evictLocked(v)
 		}
 		return
 	}
@@ -223,8 +252,7 @@ func (c *tableCache) makeRoomLocked() {
 		if v == nil {
 			return
 		}
-		c.removeLocked(v)
-		c.stats.Evictions++
+		c.evictLocked(v)
 	}
 }
 
@@ -235,8 +263,7 @@ func (c *tableCache) trimLocked() {
 		if v == nil {
 			return
 		}
-		c.removeLocked(v)
-		c.stats.Evictions++
+		c.evictLocked(v)
 	}
 }
 
@@ -247,8 +274,7 @@ func (c *tableCache) overfullLocked() bool { return len(c.entries) > c.capacity 
 func (c *tableCache) cleanTickLocked() {
 	for _, e := range c.entries {
 		if evictable(e) && e.lastUse < c.epoch {
-			c.removeLocked(e)
-			c.stats.Evictions++
+			c.evictLocked(e)
 		}
 	}
 	c.epoch++
