@@ -22,7 +22,10 @@
 //     docs/interop/nbd.txt;
 //   - commands READ, WRITE, DISC, FLUSH, TRIM, CACHE (a successful
 //     no-op), WRITE_ZEROES (NO_HOLE, FAST_ZERO) and BLOCK_STATUS
-//     (REQ_ONE); FUA on any command, DF on READ.
+//     (REQ_ONE); FUA on any command, DF on READ. READ and WRITE longer
+//     than the advertised maximum fail with EINVAL; the commands without
+//     a payload are served at any length inside the export, as the spec
+//     allows (QEMU sends discards longer than the maximum).
 //
 // Query syntax for the metadata contexts: "base:allocation" and
 // "qemu:allocation-depth" select themselves; in LIST_META_CONTEXT, a
@@ -35,9 +38,9 @@
 //     runs; a handler never sees a range outside the export, a flag the
 //     command does not take, or a write on a read-only export.
 //  2. Bytes after a request header are read only for WRITE, and always
-//     for WRITE (into a buffer, or discarded when the request is refused)
-//     so the stream stays in sync; a refused payload longer than 64 MiB
-//     ends the connection after the error reply.
+//     for WRITE (into a buffer, or discarded in pieces when the request
+//     is refused) so the stream stays in sync; a refused payload longer
+//     than 64 MiB ends the connection after the error reply.
 //  3. A READ reply is written only after all of its data was read, so an
 //     error is never reported after a success header. With structured
 //     replies, every READ reply is structured (errors too), its chunks
@@ -45,13 +48,29 @@
 //     NBD_REPLY_FLAG_DONE.
 //  4. Replies are written whole under one mutex; chunks of one reply are
 //     never interleaved with another reply.
-//  5. No connection buffers more than 2 × MaxPayload bytes of requests in
-//     service, nor more than MaxInFlight requests: the reader stops
-//     reading until a handler finishes. The handshake allocates at most
-//     64 KiB per option and is bounded in time.
-//  6. A connection ends only after its requests in service have finished
+//  5. Memory is bounded before it is spent. No connection holds more
+//     than MaxInFlight requests or 2 × MaxPayload bytes of buffers in
+//     service: the reader stops reading until a handler finishes. A
+//     WRITE's buffer grows only as its payload arrives (at most twice
+//     what was received), so a header is never an allocation. READ
+//     buffers, which cost a client only a header, are also bounded for
+//     the whole server (MaxReadBufferBytes), except one READ of at most
+//     1 MiB per connection, so that clients that hold READ buffers by
+//     not reading their replies cannot starve the others. The handshake
+//     allocates at most 64 KiB per option and is bounded in time. A
+//     connection over MaxConnections is closed before anything is
+//     allocated for it.
+//  6. Every wait on a client is bounded when IdleTimeout is set: a
+//     connection with no request in service that sends none, a request
+//     or payload that stops arriving, and a reply the client does not
+//     read all end the connection after IdleTimeout.
+//  7. A connection ends only after its requests in service have finished
 //     and replied; the device is flushed if it was written since the
 //     last successful flush on that connection.
+//  8. Config.ConnState sees every accepted connection go New, then
+//     Negotiating (unless refused), Transmission (if the handshake
+//     succeeds), and Closed exactly once, last, before Shutdown or Close
+//     returns.
 //
 // Order for callers: open the devices, New(Config), Serve on each
 // listener (it blocks), then Shutdown (graceful) or Close; close the

@@ -104,6 +104,19 @@ func getBuf(n int) []byte {
 	return make([]byte, n, 1<<c)
 }
 
+// bufSize is the capacity of the buffer getBuf returns for n bytes: what
+// the buffer budgets count.
+func bufSize(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	c := max(bits.Len(uint(n-1)), minBufClass)
+	if c > maxBufClass {
+		return n
+	}
+	return 1 << c
+}
+
 // putBuf returns a buffer from getBuf to its pool.
 func putBuf(b []byte) {
 	c := bits.Len(uint(cap(b) - 1))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -89,32 +90,74 @@ type Config struct {
 	// (tls.RequireAndVerifyClientCert). It needs TLS. The default (nil)
 	// leaves TLS.ClientAuth as given.
 	ClientCAs *x509.CertPool
-	// MaxConnections bounds open connections, handshakes included;
-	// connections over it are closed at once. The default is 128.
+	// MaxConnections bounds open connections, handshakes included. A
+	// connection over it is closed as soon as it is accepted, before
+	// anything is read from it or allocated for it (the warning about
+	// refusals is logged at most once a second). The default is 128.
 	MaxConnections int
 	// MaxInFlight bounds the requests one connection has in service at
 	// once; the connection stops reading requests while it is reached.
-	// The default is 16.
+	// The default is 16; it must lie in [1, 1024].
 	MaxInFlight int
 	// MaxPayload is the largest READ or WRITE length, advertised as the
-	// maximum block size (NBD_INFO_BLOCK_SIZE). Longer ones fail with
-	// EINVAL. One connection holds at most twice this in request and
-	// reply buffers. The default is 32 MiB; it must lie in
-	// [64 KiB, 256 MiB].
+	// maximum block (payload) size in NBD_INFO_BLOCK_SIZE. A longer READ
+	// or WRITE fails with EINVAL; a refused WRITE payload is read and
+	// dropped in small pieces, and one longer than 64 MiB ends the
+	// connection after the error reply. TRIM, WRITE_ZEROES, CACHE and
+	// BLOCK_STATUS carry no payload, and the spec lets clients send them
+	// longer than this maximum (QEMU does, for discards); they are served
+	// whatever their length, since none needs a buffer that grows with it.
+	// One connection holds at most twice this in request and reply
+	// buffers. The default is 32 MiB; it must lie in [64 KiB, 256 MiB].
 	MaxPayload int
+	// MaxReadBufferBytes bounds the READ buffers of all connections
+	// together (data being read from a device or sent), counted by buffer
+	// capacity: a READ costs its client nothing but a header, and a client
+	// that does not read its replies holds those buffers until
+	// IdleTimeout. A READ that does not fit waits, and its connection reads
+	// no further requests meanwhile. So that such clients cannot starve
+	// the others, each connection may also have one READ of at most 1 MiB
+	// in service outside this bound: READ buffers total at most
+	// MaxReadBufferBytes plus 1 MiB per connection. WRITE buffers are not
+	// counted here: they grow only as their payload arrives, so they hold
+	// no more than twice what clients actually sent, within each
+	// connection's bound. The default is 256 MiB or twice MaxPayload,
+	// whichever is larger; it must be at least MaxPayload rounded up to a
+	// power of two.
+	MaxReadBufferBytes int64
 	// HandshakeTimeout bounds the whole handshake of a connection, TLS
 	// included. The default is 10 seconds.
 	HandshakeTimeout time.Duration
+	// IdleTimeout closes a connection in transmission that has had no
+	// request in service and has sent no request for this long, and one
+	// whose client has read none of a reply for this long, or has sent
+	// none of a request's remaining bytes for this long (the buffers that
+	// connection holds go back). The default (0) never closes an idle
+	// connection, as qemu-nbd does: a guest's disk may rightly sit idle
+	// for hours. It must not be negative.
+	IdleTimeout time.Duration
+	// ConnState, when non-nil, is called as each connection accepted by
+	// Serve changes state (see ConnState), with the net.Conn the listener
+	// returned (never the TLS layer over it). StateNew comes first, on
+	// Serve's goroutine, before the connection counts against
+	// MaxConnections; every later call comes from the connection's own
+	// goroutine, and StateClosed comes exactly once, last, before
+	// Shutdown or Close can return. It is called with no lock held and
+	// must not block: StateNew delays the next Accept. The default (nil)
+	// reports nothing.
+	ConnState func(net.Conn, ConnState)
 	// Logger receives the server's logs. nil means slog.Default().
 	Logger *slog.Logger
 }
 
 // Defaults of Config.
 const (
-	DefaultMaxConnections   = 128
-	DefaultMaxInFlight      = 16
-	DefaultMaxPayload       = defaultMaxPayload
-	DefaultHandshakeTimeout = 10 * time.Second
+	DefaultMaxConnections     = 128
+	DefaultMaxInFlight        = 16
+	DefaultMaxPayload         = defaultMaxPayload
+	DefaultMaxReadBufferBytes = 256 << 20
+	DefaultHandshakeTimeout   = 10 * time.Second
+	DefaultIdleTimeout        = 0
 )
 
 // Validate reports the first invalid field, naming the offending value. It
@@ -148,8 +191,21 @@ func (c *Config) Validate() error {
 	if c.MaxPayload != 0 && (c.MaxPayload < 64<<10 || c.MaxPayload > 256<<20) {
 		return fmt.Errorf("nbd: config: MaxPayload %d is outside [65536, 268435456]", c.MaxPayload)
 	}
+	if c.MaxReadBufferBytes < 0 {
+		return fmt.Errorf("nbd: config: MaxReadBufferBytes %d is negative", c.MaxReadBufferBytes)
+	}
+	payload := c.MaxPayload
+	if payload == 0 {
+		payload = DefaultMaxPayload
+	}
+	if c.MaxReadBufferBytes != 0 && c.MaxReadBufferBytes < int64(bufSize(payload)) {
+		return fmt.Errorf("nbd: config: MaxReadBufferBytes %d is less than one buffer of MaxPayload (%d)", c.MaxReadBufferBytes, bufSize(payload))
+	}
 	if c.HandshakeTimeout < 0 {
 		return fmt.Errorf("nbd: config: HandshakeTimeout %v is negative", c.HandshakeTimeout)
+	}
+	if c.IdleTimeout < 0 {
+		return fmt.Errorf("nbd: config: IdleTimeout %v is negative", c.IdleTimeout)
 	}
 	if c.TLS != nil && len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil {
 		return errors.New("nbd: config: TLS has no certificate")
@@ -171,6 +227,9 @@ func (c Config) withDefaults() Config {
 	if c.MaxPayload == 0 {
 		c.MaxPayload = DefaultMaxPayload
 	}
+	if c.MaxReadBufferBytes == 0 {
+		c.MaxReadBufferBytes = max(DefaultMaxReadBufferBytes, 2*int64(bufSize(c.MaxPayload)))
+	}
 	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
@@ -184,6 +243,44 @@ func (c Config) withDefaults() Config {
 // second Shutdown or Close.
 var ErrServerClosed = errors.New("nbd: server closed")
 
+// ConnState is where a connection is in its life, as Config.ConnState
+// reports it. A connection goes New, then either Closed (refused) or
+// Negotiating, then Transmission if its handshake succeeds, and Closed
+// last.
+type ConnState uint8
+
+const (
+	// StateNew: the connection was just accepted; nothing has been read
+	// from or written to it. Every connection starts here, those then
+	// refused (MaxConnections, shutdown) included.
+	StateNew ConnState = iota
+	// StateNegotiating: the connection was admitted and its handshake
+	// (greeting, option haggling, TLS) is under way, bounded by
+	// Config.HandshakeTimeout.
+	StateNegotiating
+	// StateTransmission: the handshake succeeded; the connection serves
+	// requests.
+	StateTransmission
+	// StateClosed: the connection is closed and the server holds nothing
+	// of it: no goroutine, no request in service, no buffer. Reported
+	// exactly once, last.
+	StateClosed
+)
+
+func (c ConnState) String() string {
+	switch c {
+	case StateNew:
+		return "new"
+	case StateNegotiating:
+		return "negotiating"
+	case StateTransmission:
+		return "transmission"
+	case StateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("ConnState(%d)", uint8(c))
+}
+
 // Server serves exports over NBD (fixed newstyle handshake, structured
 // replies, block status, TLS) on any number of listeners.
 //
@@ -192,10 +289,18 @@ var ErrServerClosed = errors.New("nbd: server closed")
 // serializes reply writes. A READ's reply is sent only once its data has
 // been read.
 //
+// Memory: besides a connection's handshake buffers (at most 64 KiB per
+// option and 80 KiB of buffered I/O), request and reply buffers are
+// bounded per connection (twice Config.MaxPayload); READ buffers, which a
+// client gets for the price of a header, also for the whole server
+// (Config.MaxReadBufferBytes, plus one 1 MiB READ per connection); WRITE
+// buffers hold at most twice the payload bytes clients have sent.
+//
 // Locking: mu guards the listener and connection sets; a connection's own
 // mu guards its phase. mu is taken before a connection's mu, never the
 // other way, and neither is held across network or device I/O (closing a
-// socket and setting a deadline excepted).
+// socket and setting a deadline excepted). The buffer budgets' mutexes are
+// leaves.
 //
 // Safe for concurrent use. End with Shutdown (graceful) or Close.
 type Server struct {
@@ -213,6 +318,14 @@ type Server struct {
 	closing atomic.Bool
 	// conns counts connection goroutines, for Shutdown and Close.
 	conns sync.WaitGroup
+	// readMem bounds the READ buffers of all connections
+	// (MaxReadBufferBytes).
+	readMem budget
+	// refused counts connections refused for MaxConnections since the
+	// last warning; lastRefusal is when that warning was logged (Unix
+	// nanoseconds), so that a flood logs one line a second.
+	refused     atomic.Int64
+	lastRefusal atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -241,20 +354,44 @@ func New(cfg Config) (*Server, error) {
 		s.byName[s.exports[i].Name] = &s.exports[i]
 	}
 	if cfg.TLS != nil {
-		t := cfg.TLS.Clone()
-		if t.MinVersion < tls.VersionTLS12 {
-			t.MinVersion = tls.VersionTLS12
-		}
-		if cfg.ClientCAs != nil {
-			t.ClientCAs = cfg.ClientCAs
-			t.ClientAuth = tls.RequireAndVerifyClientCert
-		}
-		s.tlsConfig = t
+		s.tlsConfig = serverTLS(cfg.TLS, cfg.ClientCAs)
 	}
+	s.readMem.init(math.MaxInt, cfg.MaxReadBufferBytes)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.mu.listeners = make(map[net.Listener]struct{})
 	s.mu.conns = make(map[*serverConn]struct{})
 	return s, nil
+}
+
+// serverTLS returns the TLS configuration the server uses: a clone of base
+// with at least TLS 1.2 and, when clientCAs is not nil, client
+// certificates required and verified against clientCAs. The
+// configurations a GetConfigForClient hook returns get the same
+// treatment, so that the hook cannot drop the client check.
+func serverTLS(base *tls.Config, clientCAs *x509.CertPool) *tls.Config {
+	harden := func(t *tls.Config) {
+		if t.MinVersion < tls.VersionTLS12 {
+			t.MinVersion = tls.VersionTLS12
+		}
+		if clientCAs != nil {
+			t.ClientCAs = clientCAs
+			t.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
+	t := base.Clone()
+	harden(t)
+	if get := t.GetConfigForClient; get != nil {
+		t.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := get(hello)
+			if err != nil || c == nil {
+				return c, err
+			}
+			c = c.Clone()
+			harden(c)
+			return c, nil
+		}
+	}
+	return t
 }
 
 // lookup returns the export a client names, or nil. The empty name picks
@@ -328,34 +465,56 @@ func retryableAccept(err error) bool {
 }
 
 // start registers nc and serves it on its own goroutine, or closes it when
-// the server is closing or full.
+// the server is closing or full. Nothing is allocated for a refused
+// connection.
 func (s *Server) start(nc net.Conn) {
-	c := &serverConn{srv: s, raw: nc, log: s.log.With("remote", nc.RemoteAddr().String())}
+	s.connState(nc, StateNew)
 	s.mu.Lock()
 	switch {
 	case s.closing.Load():
 		s.mu.Unlock()
 		nc.Close()
+		s.connState(nc, StateClosed)
 		return
 	case len(s.mu.conns) >= s.cfg.MaxConnections:
 		s.mu.Unlock()
-		c.log.Warn("connection refused", "reason", "too many connections", "max", s.cfg.MaxConnections)
 		nc.Close()
+		s.refusedOne(time.Now())
+		s.connState(nc, StateClosed)
 		return
 	}
+	c := &serverConn{srv: s, raw: nc}
 	s.mu.conns[c] = struct{}{}
 	s.conns.Add(1)
 	s.mu.Unlock()
-	c.log.Debug("connection accepted")
 	go func() {
 		defer s.conns.Done()
-		defer func() {
-			s.mu.Lock()
-			delete(s.mu.conns, c)
-			s.mu.Unlock()
-		}()
+		c.log = s.log.With("remote", nc.RemoteAddr().String())
+		c.log.Debug("connection accepted")
 		c.serve(s.ctx)
+		s.mu.Lock()
+		delete(s.mu.conns, c)
+		s.mu.Unlock()
+		s.connState(nc, StateClosed)
 	}()
+}
+
+// connState reports a connection's new state to Config.ConnState.
+func (s *Server) connState(nc net.Conn, st ConnState) {
+	if s.cfg.ConnState != nil {
+		s.cfg.ConnState(nc, st)
+	}
+}
+
+// refusedOne counts a connection refused for MaxConnections and logs the
+// refusals at most once a second.
+func (s *Server) refusedOne(now time.Time) {
+	s.refused.Add(1)
+	last := s.lastRefusal.Load()
+	if now.UnixNano()-last < int64(time.Second) || !s.lastRefusal.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	s.log.Warn("connections refused", "reason", "too many connections", "max", s.cfg.MaxConnections, "count", s.refused.Swap(0))
 }
 
 // Shutdown stops accepting, ends connections still in the handshake,
@@ -467,9 +626,11 @@ func (c *serverConn) interrupt() {
 }
 
 // serve runs one connection: the handshake under its deadline, then
-// transmission until the client disconnects or the server stops.
+// transmission until the client disconnects or the server stops. The
+// socket is closed when it returns.
 func (c *serverConn) serve(ctx context.Context) {
 	s := c.srv
+	s.connState(c.raw, StateNegotiating)
 	c.raw.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout))
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	n, err := s.runHandshake(hctx, c.raw)
@@ -495,6 +656,7 @@ func (c *serverConn) serve(ctx context.Context) {
 	c.raw.SetDeadline(time.Time{})
 	c.mu.phase = phaseTransmission
 	c.mu.Unlock()
+	s.connState(c.raw, StateTransmission)
 
 	log := c.log.With("export", truncate(n.export.Name))
 	log.Debug("transmission started", "structured", n.structured, "contexts", len(n.contexts), "tls", n.tls)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -20,6 +21,23 @@ import (
 // after the error reply instead: reading gigabytes only to drop them is
 // the denial of service the spec lets a server refuse.
 const maxDiscard = 64 << 20
+
+// firstPayloadBuf is the buffer a WRITE payload longer than it starts in;
+// the buffer doubles as the bytes arrive, so that memory follows what the
+// client actually sent rather than what its header claims. Payloads up to
+// this size, most guest writes, are read with no copy.
+const firstPayloadBuf = 64 << 10
+
+// discardPiece is how much of a refused payload is dropped per read.
+const discardPiece = 1 << 20
+
+// readReserve is the largest READ a connection may have in service outside
+// Config.MaxReadBufferBytes, one at a time: a connection that reads its
+// replies is served even while others hold all of the shared bound.
+const readReserve = 1 << 20
+
+// errIdle ends a connection that stayed idle for Config.IdleTimeout.
+var errIdle = errors.New("nbd: idle timeout")
 
 // Limits on the work one reply does.
 const (
@@ -39,10 +57,19 @@ const (
 //
 // One goroutine (serve) reads requests; each valid request runs on its
 // own goroutine, at most Config.MaxInFlight at once and at most twice
-// Config.MaxPayload bytes of buffers. Replies are written under wmu in
-// completion order.
+// Config.MaxPayload bytes of buffers (budget); READ buffers also count
+// against the server's Config.MaxReadBufferBytes (Server.readMem).
+// Replies are written under wmu in completion order.
 //
-// Locking: wmu guards w and werr and is held only to write replies.
+// With Config.IdleTimeout, every wait on the client is bounded: the
+// reader re-arms the read deadline before each header and each piece of
+// a payload, and every reply write sets the write deadline. A header
+// that does not come in time ends the connection only when no request is
+// in service.
+//
+// Locking: wmu guards w and werr and is held only to write replies. The
+// budgets' mutexes are leaves; the reader takes budget before
+// srv.readMem.
 type transmission struct {
 	srv  *Server
 	exp  *Export
@@ -51,6 +78,8 @@ type transmission struct {
 	conn net.Conn // raw or the TLS connection over it
 	r    *bufio.Reader
 	log  *slog.Logger
+	// idle is Config.IdleTimeout; 0 means none.
+	idle time.Duration
 
 	sess       session
 	structured bool
@@ -69,6 +98,13 @@ type transmission struct {
 	// dirty is set when a write completed since the last good flush;
 	// the connection flushes the device on the way out if it is.
 	dirty atomic.Bool
+	// reserved is set while a READ is in service on the connection's
+	// reserve (readReserve) rather than the server's shared bound; set by
+	// the reader, cleared by the handler.
+	reserved atomic.Bool
+	// lastDone is when a request last finished (Unix nanoseconds), for
+	// the idle timeout.
+	lastDone atomic.Int64
 }
 
 func newTransmission(s *Server, raw net.Conn, n *negotiated, log *slog.Logger) *transmission {
@@ -81,6 +117,7 @@ func newTransmission(s *Server, raw net.Conn, n *negotiated, log *slog.Logger) *
 		r:    n.r,
 		w:    n.w,
 		log:  log,
+		idle: s.cfg.IdleTimeout,
 		sess: session{
 			size:       uint64(n.export.Device.Size()),
 			flags:      n.flags,
@@ -108,6 +145,7 @@ func (t *transmission) serve() {
 	}
 	t.wmu.Lock()
 	if t.werr == nil {
+		t.armWrite()
 		t.werr = t.w.Flush()
 	}
 	t.wmu.Unlock()
@@ -118,17 +156,70 @@ func (t *transmission) serve() {
 	t.log.Debug("connection closed", "reason", reason)
 }
 
+// armRead bounds the next read from the client by the idle timeout.
+func (t *transmission) armRead() {
+	if t.idle > 0 {
+		t.raw.SetReadDeadline(time.Now().Add(t.idle))
+	}
+}
+
+// armWrite bounds the next reply write by the idle timeout.
+func (t *transmission) armWrite() {
+	if t.idle > 0 {
+		t.raw.SetWriteDeadline(time.Now().Add(t.idle))
+	}
+}
+
+// readHeader reads the next request header. With an idle timeout, a wait
+// that times out before the first byte starts over while a request is in
+// service or one finished less than the timeout ago, and is errIdle
+// otherwise; a header cut short by the timeout ends the connection. The
+// deadline is set before the shutdown flag is checked, so that Shutdown's
+// interruption is never lost.
+func (t *transmission) readHeader(hdr *[requestHeaderLen]byte) error {
+	deadline := time.Now().Add(t.idle)
+	for {
+		if t.idle > 0 {
+			t.raw.SetReadDeadline(deadline)
+		}
+		if t.srv.shuttingDown() {
+			return ErrServerClosed
+		}
+		n, err := io.ReadFull(t.r, hdr[:])
+		if err == nil || n != 0 || t.idle == 0 || !isTimeout(err) || t.srv.shuttingDown() {
+			return err
+		}
+		now := time.Now()
+		if t.budget.busy() {
+			deadline = now.Add(t.idle)
+			continue
+		}
+		if last := time.Unix(0, t.lastDone.Load()); now.Sub(last) < t.idle {
+			deadline = last.Add(t.idle)
+			continue
+		}
+		return errIdle
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 // readLoop is the request reader. It returns why it stopped and whether
 // the connection may be closed gracefully.
 func (t *transmission) readLoop() (reason string, graceful bool) {
 	var hdr [requestHeaderLen]byte
 	for {
-		if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
-			if t.srv.shuttingDown() {
+		if err := t.readHeader(&hdr); err != nil {
+			switch {
+			case t.srv.shuttingDown():
 				return "shutdown", true
-			}
-			if errors.Is(err, io.EOF) {
+			case errors.Is(err, io.EOF):
 				return "client closed", true
+			case errors.Is(err, errIdle):
+				return "idle", true
 			}
 			return "read failed: " + err.Error(), false
 		}
@@ -149,7 +240,7 @@ func (t *transmission) readLoop() (reason string, graceful bool) {
 					t.replyError(req, errno, "request too long")
 					return "refused payload too long to skip", false
 				}
-				if _, err := io.CopyN(io.Discard, t.r, int64(plen)); err != nil {
+				if err := t.discard(int64(plen)); err != nil {
 					return "short payload", false
 				}
 			}
@@ -158,33 +249,86 @@ func (t *transmission) readLoop() (reason string, graceful bool) {
 		}
 		weight := int64(0)
 		if req.typ == cmdRead || req.typ == cmdWrite {
-			weight = int64(req.length)
+			weight = int64(bufSize(int(req.length)))
 		}
 		t.budget.acquire(weight)
+		shared := false
+		if req.typ == cmdRead {
+			if weight > readReserve || !t.reserved.CompareAndSwap(false, true) {
+				t.srv.readMem.acquire(weight)
+				shared = true
+			}
+		}
 		var payload []byte
 		if plen > 0 {
-			payload = getBuf(int(plen))
-			if _, err := io.ReadFull(t.r, payload); err != nil {
-				putBuf(payload)
+			var err error
+			if payload, err = t.readPayload(int(plen)); err != nil {
 				t.budget.release(weight)
 				return "short payload", false
 			}
 		}
 		t.handlers.Add(1)
-		go t.handle(req, payload, weight)
+		go t.handle(req, payload, weight, shared)
 	}
 }
 
-// handle runs one validated request and sends its reply.
-func (t *transmission) handle(req request, payload []byte, weight int64) {
+// readPayload reads a WRITE payload of n bytes into a pooled buffer that
+// starts at firstPayloadBuf and doubles as the bytes arrive. Each piece's
+// read is bounded by the idle timeout.
+func (t *transmission) readPayload(n int) ([]byte, error) {
+	buf := getBuf(min(n, firstPayloadBuf))
+	for got := 0; ; {
+		t.armRead()
+		m, err := io.ReadFull(t.r, buf[got:])
+		got += m
+		if err != nil {
+			putBuf(buf)
+			return nil, err
+		}
+		if got == n {
+			return buf, nil
+		}
+		nb := getBuf(min(n, 2*len(buf)))
+		copy(nb, buf[:got])
+		putBuf(buf)
+		buf = nb
+	}
+}
+
+// discard reads and drops n bytes of a refused payload, in pieces whose
+// reads are each bounded by the idle timeout.
+func (t *transmission) discard(n int64) error {
+	for n > 0 {
+		t.armRead()
+		m, err := io.CopyN(io.Discard, t.r, min(n, discardPiece))
+		n -= m
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle runs one validated request and sends its reply. A READ gives
+// back its share of the server's bound when shared is set, else the
+// connection's reserve.
+func (t *transmission) handle(req request, payload []byte, weight int64, shared bool) {
 	defer t.handlers.Done()
 	defer t.budget.release(weight)
+	if t.idle > 0 {
+		defer func() { t.lastDone.Store(time.Now().UnixNano()) }()
+	}
 	fua := req.flags&cmdFlagFUA != 0
 	off, n := int64(req.offset), int64(req.length)
 	var err error
 	switch req.typ {
 	case cmdRead:
 		t.read(req)
+		if shared {
+			t.srv.readMem.release(weight)
+		} else {
+			t.reserved.Store(false)
+		}
 		return
 	case cmdBlockStatus:
 		t.blockStatus(req)
@@ -497,6 +641,7 @@ func (t *transmission) send(fn func(w *bufio.Writer) error) {
 	if t.werr != nil {
 		return
 	}
+	t.armWrite()
 	err := fn(t.w)
 	if err == nil && last {
 		err = t.w.Flush()
@@ -538,8 +683,9 @@ func isNotSupported(err error) bool {
 	return err != nil && (errors.Is(err, syscall.EOPNOTSUPP) || errors.Is(err, errors.ErrUnsupported))
 }
 
-// budget bounds the requests in service on one connection, by count and
-// by buffer bytes. Only the reader acquires; handlers release.
+// budget bounds requests in service by count and by buffer bytes. A
+// connection's budget is acquired only by its reader; the server's
+// (Server.readMem) by every connection's reader. Handlers release.
 type budget struct {
 	mu       sync.Mutex
 	cond     sync.Cond
@@ -566,10 +712,20 @@ func (b *budget) acquire(n int64) {
 	b.mu.Unlock()
 }
 
+// release gives back a request of n bytes. Every waiter is woken: waiters
+// of different sizes may wait on the server's budget, and the one that
+// now fits may not be the first.
 func (b *budget) release(n int64) {
 	b.mu.Lock()
 	b.reqs--
 	b.bytes -= n
 	b.mu.Unlock()
-	b.cond.Signal()
+	b.cond.Broadcast()
+}
+
+// busy reports whether a request is in service.
+func (b *budget) busy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reqs > 0
 }

@@ -605,6 +605,10 @@ func TestConfigValidate(t *testing.T) {
 		{Config{Exports: []Export{{Device: rw}}, MaxInFlight: -1}, "MaxInFlight -1"},
 		{Config{Exports: []Export{{Device: rw}}, ClientCAs: nil, TLS: nil, MaxConnections: -2}, "MaxConnections -2"},
 		{Config{Exports: []Export{{Device: rw}}, HandshakeTimeout: -1}, "HandshakeTimeout -1ns"},
+		{Config{Exports: []Export{{Device: rw}}, IdleTimeout: -time.Second}, "IdleTimeout -1s"},
+		{Config{Exports: []Export{{Device: rw}}, MaxReadBufferBytes: -1}, "MaxReadBufferBytes -1"},
+		{Config{Exports: []Export{{Device: rw}}, MaxReadBufferBytes: 1 << 20}, "MaxReadBufferBytes 1048576 is less than one buffer of MaxPayload (33554432)"},
+		{Config{Exports: []Export{{Device: rw}}, MaxPayload: 100 << 10, MaxReadBufferBytes: 100 << 10}, "(131072)"},
 	} {
 		err := c.cfg.Validate()
 		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(c.want)) {

@@ -96,9 +96,10 @@ var subclusterOffsets = map[string]bool{"extended l2": true, "extended l2 32k": 
 // the human table, whole and in windows, and requires the same bytes and
 // exit codes (the human table fails alike on compressed clusters).
 func TestMapMatchesQemu(t *testing.T) {
+	// Each window is mapped as JSON, and the whole image and one window
+	// as the human table too.
 	windows := [][]string{
 		nil,
-		{"--start-offset", "1M"},
 		{"--start-offset", "1000", "--max-length", "3M"},
 		{"--max-length", "1500001"},
 		{"--start-offset", "8M", "--max-length", "64k"},
@@ -115,9 +116,9 @@ func TestMapMatchesQemu(t *testing.T) {
 			// (its readahead) would change what the second sees. Read
 			// every file first so that both see the same.
 			warmDir(t, dir)
-			for _, w := range windows {
+			for i, w := range windows {
 				for _, out := range []string{"json", "human"} {
-					if out == "json" && subclusterOffsets[v.name] {
+					if out == "json" && subclusterOffsets[v.name] || out == "human" && i > 1 {
 						continue
 					}
 					args := append(append([]string{"map", "--output=" + out}, w...), name)

@@ -49,8 +49,13 @@ func TestMeasureMatchesQemu(t *testing.T) {
 		args := append([]string{"measure"}, strings.Fields(a)...)
 		sameResult(t, a, qemuImg(t, dir, args...), ovisImg(t, dir, args...))
 	}
-	for _, src := range sources {
+	// Every source with a third of the outputs, a different third for
+	// each source, so that every pair of kinds meets across sources.
+	for s, src := range sources {
 		for i, out := range outputs {
+			if (i+s)%3 != 0 {
+				continue
+			}
 			measure("--output=json " + out + " " + src)
 			if i%4 == 0 {
 				measure(out + " " + src)

@@ -142,5 +142,6 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA certificates: require client certificates signed by them")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "how long a stop waits for requests in service")
+	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close a connection idle (no request, unread reply or unfinished request) this long (0: never)")
 	return cmd
 }

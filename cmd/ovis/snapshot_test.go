@@ -14,7 +14,7 @@ import (
 // applies, and after every step qemu-img check finds the image clean and
 // both tools list the same table.
 func TestSnapshotCycle(t *testing.T) {
-	for _, opts := range []string{"", "compat=0.10", "cluster_size=4k,refcount_bits=8", "extended_l2=on,lazy_refcounts=on"} {
+	for _, opts := range []string{"", "compat=0.10,cluster_size=4k", "extended_l2=on,lazy_refcounts=on,refcount_bits=8"} {
 		t.Run("opts="+opts, func(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()

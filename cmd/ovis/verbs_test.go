@@ -15,6 +15,15 @@ import (
 // twin folders where qemu-img and ovis each get the same files, and a
 // patcher that damages qcow2 images as QEMU's own tests do.
 
+func init() {
+	// A binary built with -race sleeps a second before it exits, so that
+	// racing goroutines get to report; the tests run the ovis binary
+	// about a thousand times, and races are reported without the sleep.
+	if _, ok := os.LookupEnv("GORACE"); !ok {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
+	}
+}
+
 // twinDirs returns two folders prepared by setup alike: the first for
 // qemu-img, the second for ovis.
 func twinDirs(t *testing.T, setup func(t *testing.T, dir string)) (qdir, odir string) {

@@ -201,13 +201,22 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 		mu      sync.Mutex
 		next    = r.offset
 		issued  int
-		errOnce sync.Once
-		first   error
+		first   error // guarded by mu
 		flushes sync.WaitGroup
 		done    atomic.Int64
 	)
 	fail := func(err error) {
-		errOnce.Do(func() { first = err; cancel() })
+		mu.Lock()
+		if first == nil {
+			first = err
+		}
+		mu.Unlock()
+		cancel()
+	}
+	failed := func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		return first
 	}
 	// take returns the next request's offset, or false when a batch (up
 	// to limit requests) or the run is complete.
@@ -277,7 +286,7 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 			}()
 		}
 		wg.Wait()
-		if first != nil || limit == r.count {
+		if failed() != nil || limit == r.count {
 			break
 		}
 		if err := d.Flush(); err != nil {
@@ -286,8 +295,8 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 		}
 	}
 	flushes.Wait()
-	if first == nil && ctx.Err() != nil {
-		return ctx.Err()
+	if err := failed(); err != nil {
+		return err
 	}
-	return first
+	return ctx.Err()
 }

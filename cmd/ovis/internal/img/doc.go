@@ -1,15 +1,23 @@
-// Package img implements the `ovis img` verbs (create, info, convert) with
-// qemu-img 7.2 as the specification: the same option syntax (-o lists with
-// ",," escaping, sizes with k/M/G/T/P/E suffixes), the same "Formatting ..."
-// line, the same info output in human and JSON form (keys in QEMU's QDict
-// order) and the same error messages where ovis can produce them.
+// Package img implements the `ovis img` verbs with qemu-img 7.2 as the
+// specification: create, info and convert; check, map, compare, commit,
+// rebase, resize, snapshot, measure and bench. It keeps qemu-img's option
+// syntax (-o lists with ",," escaping, sizes with k/M/G/T/P/E suffixes),
+// its output (the "Formatting ..." line, info and check in human and JSON
+// form with keys in QEMU's QDict order, map's JSON lines and table,
+// QEMU's progress figures), its error messages where ovis can produce
+// them, and its exit codes (check: 0 clean, 2 corrupt, 3 leaks, 63 no
+// checks; compare: 0 same, 1 different, 2 open failure, 3 and 4 I/O
+// failures), which verbs return as an *ExitError.
 //
 // The package turns command-line values into calls on the qcow2 engine and
-// on block.Raw; it owns no on-disk format itself. It does not print the
-// "qemu-img: " or "ovis: " prefix: errors are returned to cmd/ovis, which
-// prints them.
+// on block.Raw; it owns no on-disk format itself, with two stopgaps
+// documented in header.go (changing an image's backing file, emptying an
+// image after commit), which rewrite the header of a closed image through
+// qcow2.ParseHeader and Header.Encode. It does not print the "qemu-img: "
+// or "ovis: " prefix: errors are returned to cmd/ovis, which prints them.
 //
-// Not supported: formats other than qcow2 and raw, encryption, bitmaps,
-// image options (--image-opts, --object), and QEMU's protocol options
-// (nocow, extent_size_hint).
+// Not supported: formats other than qcow2 and raw, encryption, bitmaps
+// (they are counted by measure and listed by info, not written), image
+// options (--image-opts, --object), and QEMU's protocol options (nocow,
+// extent_size_hint).
 package img

@@ -191,6 +191,15 @@ type Config struct {
 	// listening (--pid-file), and is removed when Run returns.
 	PidFile string
 
+	// IdleTimeout closes a client's connection once it has had no
+	// request in service and sent no request for this long, or has left a
+	// reply unread or a request unfinished for this long
+	// (nbd.Config.IdleTimeout; --idle-timeout, an ovis addition). A
+	// closed connection counts as a client leaving: without Persistent,
+	// the last one stops the server. The default (0) never closes an idle
+	// connection, as qemu-nbd does.
+	IdleTimeout time.Duration
+
 	// ShutdownTimeout bounds how long a stop waits for requests in
 	// service; then connections are cut (the device is still flushed and
 	// closed). The default is 30 seconds.
@@ -238,6 +247,8 @@ func (c *Config) Validate() error {
 		return errors.New("--tls-ca needs --tls-cert and --tls-key")
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("serve: config: shutdown timeout %v is negative", c.ShutdownTimeout)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("Invalid idle timeout '%v': it must not be negative", c.IdleTimeout)
 	}
 	switch c.L2CachePolicy {
 	case "", "lru", "hitcount", "hitcount-floor":

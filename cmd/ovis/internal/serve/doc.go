@@ -5,8 +5,8 @@
 // values), device.go (opening the image under a cache mode, the -s
 // overlay), policy.go (the --discard and --detect-zeroes device wrapper),
 // listener.go (binding, the -e connection limit, noticing the last
-// client), tls.go, daemon.go (--fork and --pid-file), run.go (Run: the
-// lifecycle) and up.go (Up).
+// client through the nbd server's ConnState hook), tls.go, daemon.go
+// (--fork and --pid-file), run.go (Run: the lifecycle) and up.go (Up).
 //
 // Run's order, which callers rely on:
 //
@@ -36,8 +36,10 @@
 // (ovis nbd accepts -A and ignores it); TLS takes PEM files (--tls-cert,
 // --tls-key, --tls-ca) instead of --object tls-creds-x509; only a socket
 // file is removed from the -k path before binding (qemu-nbd removes any
-// file); the -s overlay is unlinked as soon as it is open; the qcow2 cache
-// options are flags rather than --image-opts. Image files are not locked.
+// file); --idle-timeout (none by default) closes idle connections, which
+// qemu-nbd cannot; the -s overlay is unlinked as soon as it is open; the
+// qcow2 cache options are flags rather than --image-opts. Image files are
+// not locked.
 //
 // Not done here: qemu-nbd's --image-opts, --object, -o/--offset, -l
 // (internal snapshots), -B (dirty bitmaps), -c/-d (the kernel client),

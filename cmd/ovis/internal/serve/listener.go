@@ -7,7 +7,8 @@ import (
 	"net"
 	"os"
 	"sync"
-	"time"
+
+	"github.com/ovis-storage/ovis/nbd"
 )
 
 // listen binds the unix socket or the TCP address of c, with qemu-nbd's
@@ -43,13 +44,14 @@ func listen(c *Config) (net.Listener, error) {
 // clients wait in the listen backlog) and reports when the last client
 // that completed a handshake has gone (qemu-nbd without -t).
 //
-// A connection counts as a client once the nbd server clears its
-// handshake deadline (SetDeadline with the zero time), which it does
-// exactly when the handshake succeeded and transmission begins. Its slot
-// is given back when the server closes it.
+// It learns what becomes of the connections it accepted from the nbd
+// server's nbd.Config.ConnState hook (connState): a connection counts as a
+// client from StateTransmission, and its slot is given back at
+// StateClosed, which the server reports exactly once for every connection
+// it accepted, refused ones included.
 //
-// Locking: mu guards the counters; it is a leaf and is never held while
-// calling the listener, a connection or idle.
+// Locking: mu guards the counters and the connection table; it is a leaf
+// and is never held while calling the listener or idle.
 //
 // Safe for concurrent use.
 type gate struct {
@@ -67,6 +69,8 @@ type gate struct {
 		sync.Mutex
 		// clients counts open connections past the handshake.
 		clients int
+		// joined holds the open connections past the handshake.
+		joined map[net.Conn]bool
 		// idleCalled is set once idle has been called.
 		idleCalled bool
 	}
@@ -78,10 +82,12 @@ func newGate(l net.Listener, max int, idle func()) *gate {
 	if max > 0 {
 		g.slots = make(chan struct{}, max)
 	}
+	g.mu.joined = make(map[net.Conn]bool)
 	return g
 }
 
-// Accept waits for a free slot, then accepts a connection.
+// Accept waits for a free slot, then accepts a connection. The slot is
+// given back when connState sees the connection closed.
 func (g *gate) Accept() (net.Conn, error) {
 	if g.slots != nil {
 		select {
@@ -95,7 +101,7 @@ func (g *gate) Accept() (net.Conn, error) {
 		g.release()
 		return nil, err
 	}
-	return &gatedConn{Conn: c, g: g}, nil
+	return c, nil
 }
 
 // Close closes the listener and wakes a waiting Accept.
@@ -110,74 +116,32 @@ func (g *gate) release() {
 	}
 }
 
-// joined records a connection that completed its handshake.
-func (g *gate) joined() {
-	g.mu.Lock()
-	g.mu.clients++
-	g.mu.Unlock()
-}
-
-// left records the end of a connection that completed its handshake and
-// calls idle when it was the last one.
-func (g *gate) left() {
-	g.mu.Lock()
-	g.mu.clients--
-	call := g.mu.clients == 0 && !g.mu.idleCalled && g.idle != nil
-	if call {
-		g.mu.idleCalled = true
-	}
-	g.mu.Unlock()
-	if call {
-		g.idle()
-	}
-}
-
-// gatedConn gives its slot back when closed, and tells the gate when the
-// handshake completed.
-//
-// Locking: mu is a leaf, like the gate's.
-type gatedConn struct {
-	net.Conn
-	g *gate
-
-	mu struct {
-		sync.Mutex
-		// joined is set when the handshake completed and the gate
-		// counted the connection as a client.
-		joined bool
-		// released is set by the first Close, which gave the slot back.
-		released bool
-	}
-}
-
-// SetDeadline sets the connection's deadlines; the nbd server clears them
-// (the zero time) when transmission begins.
-func (c *gatedConn) SetDeadline(t time.Time) error {
-	if t.IsZero() {
-		c.mu.Lock()
-		join := !c.mu.joined && !c.mu.released
-		c.mu.joined = c.mu.joined || join
-		c.mu.Unlock()
-		if join {
-			c.g.joined()
+// connState is the nbd server's ConnState hook: StateTransmission makes
+// a connection a client; StateClosed gives its slot back and, for a
+// client, calls idle when it was the last one.
+func (g *gate) connState(c net.Conn, st nbd.ConnState) {
+	switch st {
+	case nbd.StateTransmission:
+		g.mu.Lock()
+		if !g.mu.joined[c] {
+			g.mu.joined[c] = true
+			g.mu.clients++
 		}
-	}
-	return c.Conn.SetDeadline(t)
-}
-
-// Close closes the connection and, the first time, gives its slot back.
-func (c *gatedConn) Close() error {
-	err := c.Conn.Close()
-	c.mu.Lock()
-	first := !c.mu.released
-	c.mu.released = true
-	joined := c.mu.joined
-	c.mu.Unlock()
-	if first {
-		c.g.release()
+		g.mu.Unlock()
+	case nbd.StateClosed:
+		g.mu.Lock()
+		joined := g.mu.joined[c]
+		delete(g.mu.joined, c)
+		call := false
 		if joined {
-			c.g.left()
+			g.mu.clients--
+			call = g.mu.clients == 0 && !g.mu.idleCalled && g.idle != nil
+			g.mu.idleCalled = g.mu.idleCalled || call
+		}
+		g.mu.Unlock()
+		g.release()
+		if call {
+			g.idle()
 		}
 	}
-	return err
 }
