@@ -81,10 +81,11 @@ func (img *Image) beginWrite(off, n int64) error {
 // endWrite makes a FUA write durable and relieves cache pressure.
 func (img *Image) endWrite(meta, fua bool) error {
 	if fua {
-		if meta {
-			return img.flush()
-		}
-		return img.data.Sync()
+		// Even a write that changed no metadata may land in a cluster
+		// whose L2 entry an earlier write changed and nobody flushed
+		// yet: flush writes back whatever is dirty (and is a single
+		// fdatasync when nothing is).
+		return img.flush()
 	}
 	img.mu.Lock()
 	l2Full, rcFull := img.l2.overfullLocked(), img.rc.overfullLocked()

@@ -186,10 +186,17 @@ func greeting(t *testing.T, c net.Conn) {
 	}
 }
 
-// client connects and completes a handshake with NBD_OPT_EXPORT_NAME.
+// client connects over TCP and completes a handshake with
+// NBD_OPT_EXPORT_NAME.
 func client(t *testing.T, addr string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	return clientOn(t, "tcp", addr)
+}
+
+// clientOn is client on any network.
+func clientOn(t *testing.T, network, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
