@@ -11,10 +11,12 @@
 # source is read from the page cache by both tools after the first run,
 # and both write their output into the page cache without syncing
 # (qemu-img convert's default cache mode, unsafe, which ovis follows).
+# Each run starts after a sync, so that no run pays for the write-back of
+# the one before.
 #
 # Usage: bench/convert.sh [REPS (default 3)]
-# Environment: CASES (space separated, default all of: q2r r2q r2q-c
-# r2q-zstd r2q-c-W r2q-zstd-W), SIZE_MIB (default 2048).
+# Environment: CASES (space separated, default: q2r r2q r2q-c r2q-zstd
+# r2q-c-W r2q-zstd-W; also q2r-W r2q-W), SIZE_MIB (default 2048).
 # Output: a table on stdout, CSV in $BENCH_DIR/convert.csv.
 source "$(dirname "$0")/lib.sh"
 REPS=${1:-3}
@@ -54,6 +56,8 @@ args() {
 	r2q-zstd) echo "src.raw out.qcow2 -O qcow2 -c -o compression_type=zstd" ;;
 	r2q-c-W) echo "src.raw out.qcow2 -O qcow2 -c -W" ;;
 	r2q-zstd-W) echo "src.raw out.qcow2 -O qcow2 -c -W -o compression_type=zstd" ;;
+	q2r-W) echo "src.qcow2 out.raw -O raw -W" ;;
+	r2q-W) echo "src.raw out.qcow2 -O qcow2 -W" ;;
 	*) echo "unknown case $1" >&2; return 1 ;;
 	esac
 }
@@ -62,6 +66,9 @@ args() {
 timed() {
 	local tool=$1 src=$2 dst=$3; shift 3
 	rm -f "$dst"
+	# Start each run with no dirty pages of earlier runs being written
+	# back under it.
+	sync
 	local t0 t1
 	t0=$(date +%s.%N)
 	case $tool in
