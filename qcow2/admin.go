@@ -42,11 +42,12 @@ func (img *Image) flushExclusiveLocked() error {
 	return img.flushLocked()
 }
 
-// refAddLocked adds delta to host cluster idx's refcount, loading
-// refcount blocks as needed. Only inside exclusive.
-func (img *Image) refAddLocked(idx, delta int64) error {
+// retryExclusiveLocked runs fn until it stops asking for tables: a
+// *needLoad is loaded (mu is released meanwhile, which is safe inside
+// exclusive) and a *needGrow grows the refcount table (flushMu is held).
+func (img *Image) retryExclusiveLocked(fn func() error) error {
 	for {
-		err := img.addRefLocked(idx, delta)
+		err := fn()
 		if nl, ok := isNeedLoad(err); ok {
 			e, err := nl.c.load(nl.off)
 			if err != nil {
@@ -55,47 +56,39 @@ func (img *Image) refAddLocked(idx, delta int64) error {
 			e.pins--
 			continue
 		}
+		var ng *needGrow
+		if errors.As(err, &ng) {
+			if err := img.growRefTableLocked(ng.need); err != nil {
+				return err
+			}
+			continue
+		}
 		return err
 	}
 }
 
+// refAddLocked adds delta to host cluster idx's refcount, loading
+// refcount blocks as needed. Only inside exclusive.
+func (img *Image) refAddLocked(idx, delta int64) error {
+	return img.retryExclusiveLocked(func() error { return img.addRefLocked(idx, delta) })
+}
+
 // refcountExclusiveLocked reads a refcount, loading as needed.
-func (img *Image) refcountExclusiveLocked(idx int64) (uint64, error) {
-	for {
-		rc, err := img.refcountLocked(idx)
-		if nl, ok := isNeedLoad(err); ok {
-			e, err := nl.c.load(nl.off)
-			if err != nil {
-				return 0, err
-			}
-			e.pins--
-			continue
-		}
-		return rc, err
-	}
+func (img *Image) refcountExclusiveLocked(idx int64) (rc uint64, err error) {
+	err = img.retryExclusiveLocked(func() (err error) {
+		rc, err = img.refcountLocked(idx)
+		return err
+	})
+	return rc, err
 }
 
 // allocExclusiveLocked allocates n contiguous clusters inside exclusive.
-func (img *Image) allocExclusiveLocked(n int64) (uint64, error) {
-	for {
-		off, err := img.allocRunLocked(n)
-		if nl, ok := isNeedLoad(err); ok {
-			e, err := nl.c.load(nl.off)
-			if err != nil {
-				return 0, err
-			}
-			e.pins--
-			continue
-		}
-		var ng *needGrow
-		if errors.As(err, &ng) {
-			if err := img.growRefTableLocked(ng.need); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		return off, err
-	}
+func (img *Image) allocExclusiveLocked(n int64) (off uint64, err error) {
+	err = img.retryExclusiveLocked(func() (err error) {
+		off, err = img.allocRunLocked(n)
+		return err
+	})
+	return off, err
 }
 
 // entryClusters returns the host clusters an L2 entry holds a reference

@@ -219,22 +219,15 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 
 // refBlockForRepairLocked reads the refcount block covering cluster i
 // into the cache (with mu held; repair runs with everything stopped).
-func (img *Image) refBlockForRepairLocked(i int64) (*cacheEntry, error) {
-	for {
-		e, err := img.refBlockLocked(i)
-		if nl, ok := isNeedLoad(err); ok {
-			e, err := nl.c.load(nl.off)
-			if err != nil {
-				return nil, err
-			}
-			e.pins--
-			continue
-		}
-		if err == nil && e == nil {
-			return nil, fmt.Errorf("qcow2: no refcount block for cluster %d", i)
-		}
-		return e, err
+func (img *Image) refBlockForRepairLocked(i int64) (e *cacheEntry, err error) {
+	err = img.retryExclusiveLocked(func() (err error) {
+		e, err = img.refBlockLocked(i)
+		return err
+	})
+	if err == nil && e == nil {
+		return nil, fmt.Errorf("qcow2: no refcount block for cluster %d", i)
 	}
+	return e, err
 }
 
 // checkLocked computes references and compares them with the stored
