@@ -10,6 +10,7 @@
 # (l2-cache-entry-size=4096, host cache off).
 #
 # Usage: bench/l2cache.sh [RUNTIME s (default 8)] [REPS (default 1)]
+# With REPS > 1 each cell is the median of REPS runs.
 # Output: a table on stdout and CSV in $BENCH_DIR/l2cache.csv.
 source "$(dirname "$0")/lib.sh"
 RUNTIME=${1:-8}
@@ -26,15 +27,12 @@ sock=$BENCH_DIR/nbd.sock
 csv=$BENCH_DIR/l2cache.csv
 echo "variant,disk_gib,entries,server,iops" >"$csv"
 
-run() { # SERVER-KIND ARGS... ; prints median IOPS over REPS
+# once SERVER-KIND ARGS... ; prints the IOPS of one fio run.
+once() {
 	local kind=$1; shift
-	local v=()
-	for _ in $(seq "$REPS"); do
-		start_server "$kind" "$sock" "$@"
-		v+=("$(fio_iops "$sock" "$RUNTIME" --rw=randread --bs=4k --iodepth=16)")
-		stop_server
-	done
-	median "${v[@]}"
+	start_server "$kind" "$sock" "$@"
+	fio_iops "$sock" "$RUNTIME" --rw=randread --bs=4k --iodepth=16 || echo 0
+	stop_server
 }
 
 for variant in $VARIANTS; do
@@ -51,16 +49,25 @@ for variant in $VARIANTS; do
 		slice4k) slice=4096 ;;
 		esac
 		printf '%-5s %-7s' "${g}G" "$n"
-		declare -A r=()
-		for p in $POLICIES; do
-			r[$p]=$(run ovis -f qcow2 --cache="$ocache" --l2-cache-size="$bytes" \
-				--l2-cache-entry-size="$slice" --l2-cache-policy="$p" "d$g.qcow2")
-			printf ' %14s' "${r[$p]}"
-			echo "$variant,$g,$n,ovis-$p,${r[$p]}" >>"$csv"
+		# Repetitions are interleaved across the servers so that a noisy
+		# minute on the shared machine hits all of them alike.
+		declare -A v=()
+		for _ in $(seq "$REPS"); do
+			for p in $POLICIES; do
+				v[$p]+=" $(once ovis -f qcow2 --cache="$ocache" --l2-cache-size="$bytes" \
+					--l2-cache-entry-size="$slice" --l2-cache-policy="$p" "d$g.qcow2")"
+			done
+			v[qemu]+=" $(once qemu --image-opts \
+				"driver=qcow2,file.driver=file,file.filename=d$g.qcow2,cache.direct=$qdirect,l2-cache-size=$bytes,l2-cache-entry-size=$slice")"
 		done
-		q=$(run qemu --image-opts \
-			"driver=qcow2,file.driver=file,file.filename=d$g.qcow2,cache.direct=$qdirect,l2-cache-size=$bytes,l2-cache-entry-size=$slice")
-		echo "$variant,$g,$n,qemu,$q" >>"$csv"
+		declare -A r=()
+		for p in $POLICIES qemu; do
+			# shellcheck disable=SC2086
+			r[$p]=$(median ${v[$p]})
+			[ "$p" = qemu ] || printf ' %14s' "${r[$p]}"
+			echo "$variant,$g,$n,$([ "$p" = qemu ] && echo qemu || echo "ovis-$p"),${r[$p]}" >>"$csv"
+		done
+		q=${r[qemu]}
 		printf ' %10s %7s\n' "$q" "$(ratio "${r[lru]:-0}" "$q")"
 	done
 done

@@ -74,9 +74,11 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 	}
 	p := img.resolve(img.hdr.BackingFile)
 	if o.Untrusted {
-		if err := confined(img.path, p); err != nil {
+		real, err := Confine(img.path, p)
+		if err != nil {
 			return fmt.Errorf("qcow2: %s: backing file refused: %w", img.path, err)
 		}
+		p = real
 	}
 	if seen[chainKey(p)] {
 		return fmt.Errorf("qcow2: %s: backing file loop: %s is already in the chain", img.path, p)
@@ -114,29 +116,33 @@ func isAbs(p string) bool { return filepath.IsAbs(p) }
 // name.
 var ErrUntrusted = errors.New("not allowed for an untrusted image")
 
-// confined checks that name, a file an image refers to, is a regular file
-// inside the image's folder once symlinks are resolved.
-func confined(image, name string) error {
+// Confine checks that name, a file the image at path image refers to, is
+// a regular file inside the image's folder once symlinks are resolved —
+// the rule of Options.Untrusted, for callers that follow a chain by
+// themselves. It returns the file's
+// resolved path, which the caller opens: opening name itself would follow
+// its symlinks again, and they may have changed since.
+func Confine(image, name string) (string, error) {
 	dir, err := filepath.EvalSymlinks(filepath.Dir(image))
 	if err != nil {
-		return err
+		return "", err
 	}
 	real, err := filepath.EvalSymlinks(name)
 	if err != nil {
-		return err
+		return "", err
 	}
 	rel, err := filepath.Rel(dir, real)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) || filepath.IsAbs(rel) {
-		return fmt.Errorf("%s is outside %s: %w", name, dir, ErrUntrusted)
+		return "", fmt.Errorf("%s is outside %s: %w", name, dir, ErrUntrusted)
 	}
-	st, err := os.Stat(real)
+	st, err := os.Lstat(real)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file: %w", name, ErrUntrusted)
+		return "", fmt.Errorf("%s is not a regular file: %w", name, ErrUntrusted)
 	}
-	return nil
+	return real, nil
 }
 
 // joinDir resolves name against the folder of the image at path.

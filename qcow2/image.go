@@ -331,9 +331,11 @@ func (img *Image) openDataFile(o Options) error {
 	}
 	p := img.resolve(name)
 	if o.Untrusted {
-		if err := confined(img.path, p); err != nil {
+		real, err := Confine(img.path, p)
+		if err != nil {
 			return fmt.Errorf("qcow2: %s: data file refused: %w", img.path, err)
 		}
+		p = real
 	}
 	f, err := o.openFile(p, o.ReadOnly)
 	if err != nil {

@@ -1,15 +1,25 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+)
 
 // newImgCmd is `ovis img`, qemu-img's verbs with qemu-img's syntax.
 func newImgCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "img",
 		Short: "Create, inspect and convert disk images (qemu-img compatible)",
-		Long: "ovis img implements qemu-img's create, info and convert for the qcow2 and raw\n" +
-			"formats, with qemu-img 7.2's arguments, output and messages.",
+		Long: "ovis img implements qemu-img 7.2's verbs for the qcow2 and raw formats, with\n" +
+			"qemu-img's arguments, output, messages and exit codes.\n\n" +
+			"--untrusted (an ovis addition) is for images from someone\n" +
+			"else: a backing file or external data file must then be a regular file in the\n" +
+			"image's own folder, after symlinks are resolved; anything else is refused.",
 	}
+	var untrusted bool
+	cmd.PersistentFlags().BoolVar(&untrusted, "untrusted", false, "refuse backing and data files outside the image's folder, and non-regular files")
+	cmd.PersistentPreRun = func(*cobra.Command, []string) { img.SetUntrusted(untrusted) }
 	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd())
 	return cmd
 }

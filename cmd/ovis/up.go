@@ -34,6 +34,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.Dir, "dir", cfg.Dir, "folder that holds the disk images")
 	cmd.Flags().StringVar(&cfg.Size, "size", cfg.Size, "virtual size of a new disk")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve on (port 0: pick a free one)")
+	cmd.Flags().StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
 	return cmd
 }

@@ -104,7 +104,7 @@ func commit(dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
 			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 	}
-	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, qcow2.Options{})
+	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, trust(qcow2.Options{}))
 	if err != nil {
 		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
 	}

@@ -127,7 +127,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 			return fmt.Errorf("Invalid source cache option: %s", cfg.SourceCache)
 		}
 	}
-	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)})
+	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, trust(qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)}))
 	if err != nil {
 		return openError(cfg.Source, err)
 	}

@@ -77,7 +77,15 @@ func collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
 		if !chain || info.backingFilename == "" {
 			return list, nil
 		}
-		filename, format = info.fullBackingFilename, info.backingFormat
+		next := info.fullBackingFilename
+		if untrusted.Load() {
+			real, err := qcow2.Confine(filename, next)
+			if err != nil {
+				return nil, fmt.Errorf("Could not open backing file '%s': %v", next, err)
+			}
+			next = real
+		}
+		filename, format = next, info.backingFormat
 	}
 }
 
@@ -133,7 +141,7 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		info.virtualSize = (r.Size() + 511) &^ 511
 		r.Close()
 	case "qcow2":
-		img, err := qcow2.Open(filename, qcow2.Options{ReadOnly: true, NoBacking: true})
+		img, err := qcow2.Open(filename, trust(qcow2.Options{ReadOnly: true, NoBacking: true}))
 		if err != nil {
 			return nil, openError(filename, err)
 		}

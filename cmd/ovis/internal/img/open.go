@@ -19,7 +19,7 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 		}
 	}
-	dev, err := qcow2.OpenDevice(filename, format, o)
+	dev, err := qcow2.OpenDevice(filename, format, trust(o))
 	if err == nil {
 		return dev, nil
 	}
@@ -36,7 +36,7 @@ func chainReason(filename, format string, err error, depth int) string {
 	if depth > 16 {
 		return openReason(err)
 	}
-	dev, err1 := qcow2.OpenDevice(filename, format, qcow2.Options{ReadOnly: true, NoBacking: true})
+	dev, err1 := qcow2.OpenDevice(filename, format, trust(qcow2.Options{ReadOnly: true, NoBacking: true}))
 	if err1 != nil {
 		return openReason(err1)
 	}

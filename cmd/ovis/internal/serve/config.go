@@ -164,6 +164,12 @@ type Config struct {
 	// (--detect-zeroes). The default is off.
 	DetectZeroes DetectZeroes
 
+	// Untrusted refuses backing and external data files that are not
+	// regular files in the image's own folder (qcow2.Options.Untrusted;
+	// --untrusted, an ovis addition). The default follows them anywhere,
+	// as QEMU does.
+	Untrusted bool
+
 	// L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize,
 	// L2CachePolicy and CacheCleanInterval are QEMU's qcow2 runtime
 	// options, passed to qcow2.Options as they are (see there for the
@@ -186,6 +192,13 @@ type Config struct {
 	// certificates must chain to; setting it makes client certificates
 	// mandatory. It needs TLSCert. The default ("") asks for none.
 	TLSCA string
+
+	// MetricsAddr, when set, is a TCP address ("127.0.0.1:9100") where
+	// Prometheus metrics are served at /metrics while the export is up:
+	// requests by operation (count, bytes, errors, latency), FUA writes,
+	// connections, the qcow2 metadata-cache counters, and the Go runtime
+	// (--metrics, an ovis addition). The default serves none.
+	MetricsAddr string
 
 	// PidFile, when set, receives the server's process id once it is
 	// listening (--pid-file), and is removed when Run returns.

@@ -17,20 +17,21 @@ import (
 // the image (or, with Snapshot, a temporary overlay over it) under the
 // cache mode's file opener, wrapped with the cache mode's write semantics
 // and then the discard and detect-zeroes policy. It returns the format it
-// served. Errors read as qemu-nbd's "Failed to blk_new_open" messages.
-func openDevice(c *Config) (block.Device, string, error) {
+// served and, for qcow2, the image itself (for its cache metrics). Errors
+// read as qemu-nbd's "Failed to blk_new_open" messages.
+func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 	format := c.Format
 	if format == "qcow2" {
 		// QEMU's qcow2 driver refuses a file without the magic before
 		// reading further; say so rather than report a short header.
 		if f, err := qcow2.Probe(c.File); err == nil && f != "qcow2" {
-			return nil, "", &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': Image is not in qcow2 format", c.File)}
+			return nil, "", nil, &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': Image is not in qcow2 format", c.File)}
 		}
 	}
 	if format == "" {
 		f, err := qcow2.Probe(c.File)
 		if err != nil {
-			return nil, "", openError(c.File, err)
+			return nil, "", nil, openError(c.File, err)
 		}
 		format = f
 		if format == "raw" {
@@ -39,6 +40,7 @@ func openDevice(c *Config) (block.Device, string, error) {
 	}
 	o := qcow2.Options{
 		ReadOnly:           c.ReadOnly || c.Snapshot,
+		Untrusted:          c.Untrusted,
 		L2CacheSize:        c.L2CacheSize,
 		L2CacheEntrySize:   c.L2CacheEntrySize,
 		RefcountCacheSize:  c.RefcountCacheSize,
@@ -57,10 +59,11 @@ func openDevice(c *Config) (block.Device, string, error) {
 		dev, err = qcow2.OpenDevice(c.File, format, o)
 	}
 	if err != nil {
-		return nil, "", openError(c.File, err)
+		return nil, "", nil, openError(c.File, err)
 	}
+	img, _ := dev.(*qcow2.Image)
 	dev = block.WithCacheMode(dev, c.Cache)
-	return withPolicy(dev, c.Discard, c.DetectZeroes), format, nil
+	return withPolicy(dev, c.Discard, c.DetectZeroes), format, img, nil
 }
 
 // openOverlay makes a qcow2 overlay in os.TempDir whose backing file is
@@ -75,6 +78,18 @@ func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.De
 	}
 	if _, err := os.Stat(abs); err != nil {
 		return nil, err
+	}
+	if o.Untrusted {
+		// The overlay is ours and lives elsewhere; the image's own
+		// references are what must stay in its folder.
+		chk := o
+		chk.ReadOnly = true
+		d, err := qcow2.OpenDevice(abs, format, chk)
+		if err != nil {
+			return nil, err
+		}
+		d.Close()
+		o.Untrusted = false
 	}
 	tmp, err := os.CreateTemp("", "ovis-nbd-snapshot-*.qcow2")
 	if err != nil {

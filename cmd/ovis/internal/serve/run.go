@@ -40,9 +40,18 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
-	dev, format, err := openDevice(&c)
+	dev, format, img, err := openDevice(&c)
 	if err != nil {
 		return err
+	}
+	var m *metrics
+	if c.MetricsAddr != "" {
+		m = newMetrics()
+		if img != nil {
+			m.watchImage(img, c.File)
+		}
+		// Outermost, so that it times what the client waits for.
+		dev = metricsDevice{Device: dev, m: m}
 	}
 	closeDev := func() error {
 		ferr := dev.Flush()
@@ -62,6 +71,17 @@ func Run(ctx context.Context, c Config) error {
 		idle = stop
 	}
 	g := newGate(ln, c.Shared, idle)
+	connState := g.connState
+	if m != nil {
+		stopMetrics, err := m.serveHTTP(c.MetricsAddr, log)
+		if err != nil {
+			g.Close()
+			closeDev()
+			return err
+		}
+		defer stopMetrics()
+		connState = m.connState(connState)
+	}
 
 	maxConns := nbd.DefaultMaxConnections
 	if c.Shared > maxConns {
@@ -79,7 +99,7 @@ func Run(ctx context.Context, c Config) error {
 		ClientCAs:      clientCAs,
 		MaxConnections: maxConns,
 		IdleTimeout:    c.IdleTimeout,
-		ConnState:      g.connState,
+		ConnState:      connState,
 		Logger:         log,
 	})
 	if err != nil {

@@ -26,6 +26,9 @@ type UpConfig struct {
 	// "127.0.0.1:10809"; port 0 picks a free port, which the printed
 	// URLs show.
 	Listen string
+	// Metrics, when set, is the address of the Prometheus endpoint (see
+	// Config.MetricsAddr). The default serves none.
+	Metrics string
 	// Logger receives the server's logs. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -61,6 +64,7 @@ func Up(ctx context.Context, cfg UpConfig, w io.Writer) error {
 		Shared:             0,
 		Cache:              block.CacheWriteback,
 		CacheCleanInterval: DefaultCacheCleanInterval,
+		MetricsAddr:        cfg.Metrics,
 		Logger:             cfg.Logger,
 		Ready: func(addr net.Addr) {
 			printAttach(w, addr)
