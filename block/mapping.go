@@ -2,6 +2,7 @@ package block
 
 import (
 	"errors"
+	"math"
 
 	"golang.org/x/sys/unix"
 )
@@ -34,24 +35,39 @@ type Mapper interface {
 // long that hole (or data) run is, from SEEK_DATA/SEEK_HOLE. Files that
 // cannot tell report data.
 func FileHole(f File, off, n int64) (hole bool, length int64) {
-	fd, ok := f.(interface{ Fd() uintptr })
-	if !ok || n <= 0 {
+	if n <= 0 {
 		return false, n
+	}
+	hole, end, ok := FileRun(f, off)
+	if !ok {
+		return false, n
+	}
+	return hole, min(n, end-off)
+}
+
+// FileRun reports whether the byte of f at off lies in a hole or in data,
+// and where that run ends (math.MaxInt64 for a hole that runs to the end
+// of the file and past it). ok is false when the file cannot tell (no
+// descriptor, or no SEEK_DATA): callers treat that as data.
+func FileRun(f File, off int64) (hole bool, end int64, ok bool) {
+	fd, has := f.(interface{ Fd() uintptr })
+	if !has {
+		return false, 0, false
 	}
 	d, err := unix.Seek(int(fd.Fd()), off, unix.SEEK_DATA)
 	switch {
 	case errors.Is(err, unix.ENXIO):
-		return true, n
+		return true, math.MaxInt64, true
 	case err != nil:
-		return false, n
+		return false, 0, false
 	case d > off:
-		return true, min(n, d-off)
+		return true, d, true
 	}
 	h, err := unix.Seek(int(fd.Fd()), off, unix.SEEK_HOLE)
 	if err != nil || h <= off {
-		return false, n
+		return false, 0, false
 	}
-	return false, min(n, h-off)
+	return false, h, true
 }
 
 // MapAt reports where [off, off+n) of a raw file lives: at the same

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
@@ -107,6 +108,10 @@ type Image struct {
 	usersEpoch uint64
 	users      map[uint64]int
 	usersCond  *sync.Cond
+
+	// dataRun is the last run of the data file known to hold data
+	// (hostholes.go). Atomic: Extent reads it outside mu.
+	dataRun atomic.Pointer[dataRun]
 }
 
 // enterLocked registers data I/O about to use a mapping just looked up.

@@ -240,7 +240,21 @@ func (img *Image) Extent(off, n int64) (block.Extent, error) {
 		length += s.n
 	}
 	switch first {
-	case kindData, kindCompressed:
+	case kindData:
+		if img.hasDataFile {
+			// QEMU reports an external data file's clusters as data
+			// whatever the file holds; so does ovis, for qemu-img map.
+			return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+		}
+		if hole, l := img.hostHole(int64(segs[0].host), segs[0].n); hole {
+			// Mapped, so allocated here, but the host file holds no
+			// bytes: zeros, as QEMU reports them (zero, not a hole).
+			return block.Extent{Length: l, Status: block.StatusZero, Depth: 1}, nil
+		} else if l < segs[0].n {
+			length = l
+		}
+		return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+	case kindCompressed:
 		return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
 	case kindZero:
 		return block.Extent{Length: length, Status: block.StatusZero | block.StatusHole, Depth: 1}, nil

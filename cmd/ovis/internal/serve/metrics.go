@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -134,7 +135,7 @@ func (m *metrics) connState(next func(net.Conn, nbd.ConnState)) func(net.Conn, n
 	}
 }
 
-// serveHTTP serves /metrics on addr until stop is called. It returns once
+// serveHTTP serves /metrics (and Go's /debug/pprof/) on addr until stop is called. It returns once
 // the listener is bound, so a bad address fails the start of ovis nbd.
 func (m *metrics) serveHTTP(addr string, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
@@ -143,6 +144,11 @@ func (m *metrics) serveHTTP(addr string, log *slog.Logger) (stop func(), err err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	// Profiles of a live server, for the benchmarks; the address is the
+	// operator's choice, like the metrics it sits beside.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan struct{})
 	go func() {
@@ -161,8 +167,8 @@ func (m *metrics) serveHTTP(addr string, log *slog.Logger) (stop func(), err err
 }
 
 // metricsDevice counts the operations the NBD server issues to the device.
-// They follow the client's requests, except that a read of a hole is
-// answered from block status without a device read. Every other method
+// They follow the client's requests, except that a long read of a hole may
+// be answered from block status without a device read. Every other method
 // is the device's own.
 type metricsDevice struct {
 	block.Device
@@ -189,6 +195,16 @@ func (d metricsDevice) ReadAt(p []byte, off int64) (int, error) {
 	n, err := d.Device.ReadAt(p, off)
 	d.observe(opRead, start, int64(n), err)
 	return n, err
+}
+
+// ReadNoWait counts the reads the device serves at once as reads.
+func (d metricsDevice) ReadNoWait(p []byte, off int64) bool {
+	start := time.Now()
+	if !block.ReadNoWait(d.Device, p, off) {
+		return false
+	}
+	d.observe(opRead, start, int64(len(p)), nil)
+	return true
 }
 
 func (d metricsDevice) WriteAt(p []byte, off int64, fua bool) (int, error) {

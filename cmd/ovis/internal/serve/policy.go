@@ -77,3 +77,8 @@ func allZero(p []byte) bool {
 	}
 	return true
 }
+
+// ReadNoWait is the device's own (block.NoWaitReader).
+func (d policyDevice) ReadNoWait(p []byte, off int64) bool {
+	return block.ReadNoWait(d.Device, p, off)
+}
