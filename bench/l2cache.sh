@@ -11,12 +11,14 @@
 #
 # Usage: bench/l2cache.sh [RUNTIME s (default 8)] [REPS (default 1)]
 # With REPS > 1 each cell is the median of REPS runs.
-# Output: a table on stdout and CSV in $BENCH_DIR/l2cache.csv.
+# Output: a table on stdout and CSV rows appended to $BENCH_DIR/l2cache.csv.
 source "$(dirname "$0")/lib.sh"
 RUNTIME=${1:-8}
 REPS=${2:-1}
 VARIANTS=${VARIANTS:-"direct hostcache slice4k"}
 POLICIES=${POLICIES:-"lru hitcount hitcount-floor"}
+# ROWS: DISK_GIB:ENTRIES pairs, the study's by default.
+ROWS=${ROWS:-"20:16 20:24 20:32 20:40 40:16 40:40 40:72 40:78 40:80"}
 need_tools
 build_ovis
 cd "$BENCH_DIR"
@@ -25,7 +27,7 @@ for g in 20 40; do
 done
 sock=$BENCH_DIR/nbd.sock
 csv=$BENCH_DIR/l2cache.csv
-echo "variant,disk_gib,entries,server,iops" >"$csv"
+[ -s "$csv" ] || echo "variant,disk_gib,entries,server,iops" >"$csv"
 
 # once SERVER-KIND ARGS... ; prints the IOPS of one fio run.
 once() {
@@ -40,7 +42,7 @@ for variant in $VARIANTS; do
 	printf '%-5s %-7s' disk entries
 	for p in $POLICIES; do printf ' %14s' "$p"; done
 	printf ' %10s %7s\n' qemu lru/qemu
-	for row in 20:16 20:24 20:32 20:40 40:16 40:40 40:72 40:78 40:80; do
+	for row in $ROWS; do
 		g=${row%%:*} n=${row##*:}
 		bytes=$((n * 65536))
 		ocache=none qdirect=on slice=65536
