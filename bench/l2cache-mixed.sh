@@ -32,9 +32,11 @@ for s in lru hitcount hitcount-floor qemu; do
 	hots=() tots=() all=()
 	for _ in $(seq "$REPS"); do
 		if [ "$s" = qemu ]; then
-			start_server qemu "$sock" --image-opts "driver=qcow2,file.driver=file,file.filename=d40.qcow2,cache.direct=on,l2-cache-size=$bytes"
+			# -e 2: each fio job is a connection of its own; with the
+			# default of 1 the second would wait for the first to leave.
+			start_server qemu "$sock" -e 2 --image-opts "driver=qcow2,file.driver=file,file.filename=d40.qcow2,cache.direct=on,l2-cache-size=$bytes"
 		else
-			start_server ovis "$sock" -f qcow2 --cache=none --l2-cache-size="$bytes" --l2-cache-policy="$s" d40.qcow2
+			start_server ovis "$sock" -e 2 -f qcow2 --cache=none --l2-cache-size="$bytes" --l2-cache-policy="$s" d40.qcow2
 		fi
 		read -r h t < <(hot_cold "$sock")
 		stop_server
