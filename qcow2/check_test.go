@@ -1,11 +1,15 @@
 package qcow2
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"testing"
 )
 
@@ -63,26 +67,30 @@ func TestCheckAgainstQemu(t *testing.T) {
 	// refcount block at 0x20000, L1 at 0x30000; after writing 0..1M the
 	// L2 table is at 0x40000 and data from 0x50000.
 	const rb, l1, l2 = 0x20000, 0x30000, 0x40000
+	const rebuild, refcount, copiedL1, copiedL2 = RepairRebuild, RepairRefcount, RepairCopiedL1, RepairCopiedL2
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, p string)
+		// repairs are the kinds of the repairs made, in order; a rebuild
+		// frees the old refcount table and block (clusters 1 and 2).
+		repairs []RepairKind
 	}{
-		{"clean", func(t *testing.T, p string) {}},
-		{"leak", func(t *testing.T, p string) { patch16(t, p, rb+2*0x1a, 1) }},
+		{"clean", func(t *testing.T, p string) {}, nil},
+		{"leak", func(t *testing.T, p string) { patch16(t, p, rb+2*0x1a, 1) }, []RepairKind{refcount}},
 		{"leaks-and-corruption", func(t *testing.T, p string) {
 			patch16(t, p, rb+2*0x1b, 2)
 			patch16(t, p, rb+2*7, 0)
-		}},
-		{"refcount-zero-under-data", func(t *testing.T, p string) { patch16(t, p, rb+2*6, 0) }},
+		}, []RepairKind{rebuild, refcount, refcount}},
+		{"refcount-zero-under-data", func(t *testing.T, p string) { patch16(t, p, rb+2*6, 0) }, []RepairKind{rebuild, refcount, refcount}},
 		{"copied-flag-cleared", func(t *testing.T, p string) {
 			patch64(t, p, l2+8*2, func(v uint64) uint64 { return v &^ flagCopied })
-		}},
+		}, []RepairKind{copiedL2}},
 		{"l1-copied-cleared", func(t *testing.T, p string) {
 			patch64(t, p, l1, func(v uint64) uint64 { return v &^ flagCopied })
-		}},
+		}, []RepairKind{copiedL1}},
 		{"l2-entry-into-l1", func(t *testing.T, p string) {
 			patch64(t, p, l2+8*3, func(v uint64) uint64 { return flagCopied | l1 })
-		}},
+		}, []RepairKind{refcount, refcount, copiedL2}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,13 +134,75 @@ func TestCheckAgainstQemu(t *testing.T) {
 			if fixed.Corruptions != 0 || fixed.Leaks != 0 {
 				t.Fatalf("after repair: %+v", fixed)
 			}
+			var kinds []RepairKind
+			for _, r := range fixed.Repairs {
+				kinds = append(kinds, r.Kind)
+			}
+			if !slices.Equal(kinds, tc.repairs) {
+				t.Errorf("repairs %v (%+v), want kinds %v", kinds, fixed.Repairs, tc.repairs)
+			}
+			if n := len(fixed.Repairs); n != fixed.LeaksFixed+fixed.CorruptionsFixed && !(n > 0 && fixed.Repairs[0].Kind == RepairRebuild) {
+				t.Errorf("%d repairs listed, %d leaks and %d corruptions fixed", n, fixed.LeaksFixed, fixed.CorruptionsFixed)
+			}
+			// Like QEMU, the repair pass does not check again: that is
+			// the caller's double check.
+			again, err := img.Check(RepairNone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.Corruptions != 0 || again.Leaks != 0 || again.CheckErrors != 0 || len(again.Messages) != 0 {
+				t.Fatalf("check after repair: %+v", again)
+			}
+			// The repaired image stays in use: new clusters must come from
+			// the repaired refcounts (freed clusters may be reused).
+			w := bytes.Repeat([]byte{9}, 3<<16)
+			if _, err := img.WriteAt(w, 8<<20, false); err != nil {
+				t.Fatalf("write after repair: %v", err)
+			}
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
+			}
+			if out, err := exec.Command("qemu-io", "-r", "-c", "read -P 9 8M 192k", "-c", "read -P 7 0 64k", p).CombinedOutput(); err != nil || bytes.Contains(out, []byte("Pattern verification failed")) {
+				t.Fatalf("qemu-io after repair and write: %v\n%s", err, out)
 			}
 			after := qemuCheckJSONOf(t, p)
 			if after.Corruptions != 0 || after.Leaks != 0 || after.CheckErrors != 0 {
 				t.Fatalf("qemu-img check after ovis repair: %+v", after)
 			}
 		})
+	}
+}
+
+// TestCheckRepairLeaksNeedsRebuild: a refcount of 0 under live data can
+// only be repaired by a rebuild, which -r leaks does not do; QEMU fails
+// with EIO and leaves the refcounts alone, and so must Check.
+func TestCheckRepairLeaksNeedsRebuild(t *testing.T) {
+	const rb = 0x20000
+	p := filepath.Join(t.TempDir(), "c.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-f", "qcow2", p, "64M").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	if out, err := exec.Command("qemu-io", "-c", "write -P 7 0 1M", p).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	patch16(t, p, rb+2*6, 0)
+	before := qemuCheckJSONOf(t, p)
+	img, err := Open(p, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := img.Check(RepairLeaks)
+	if !errors.Is(err, ErrNeedRebuild) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Check(RepairLeaks) = %v, want ErrNeedRebuild (EIO)", err)
+	}
+	want := []string{"ERROR cluster 6 refcount=0 reference=1", "ERROR need to rebuild refcount structures"}
+	if !slices.Equal(res.Messages, want) || len(res.Repairs) != 0 || res.CheckErrors != 1 {
+		t.Errorf("result %+v, want messages %q, one check error and no repairs", res, want)
+	}
+	if err := img.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if after := qemuCheckJSONOf(t, p); after != before || after.Corruptions == 0 {
+		t.Errorf("qemu-img check after the failed repair: %+v, before it: %+v", after, before)
 	}
 }

@@ -70,20 +70,33 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 		return exitWith(checkExitUnsupported, fmt.Errorf("This image format does not support checks"))
 	}
 	res, err := img.Check(mode)
-	if cerr := img.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
 	if res != nil {
 		io.WriteString(stderr, lines(res.Messages))
 	}
-	if err != nil {
-		return fmt.Errorf("Check failed: %s", strerror(err))
-	}
 	out := ""
-	if (res.LeaksFixed != 0 || res.CorruptionsFixed != 0) && !json {
-		out = fmt.Sprintf("The following inconsistencies were found and repaired:\n\n"+
-			"    %d leaked clusters\n    %d corruptions\n\nDouble checking the fixed image now...\n",
-			res.LeaksFixed, res.CorruptionsFixed)
+	if err == nil && (res.LeaksFixed != 0 || res.CorruptionsFixed != 0) {
+		// As qemu-img: report the repairs, then check again without
+		// repairing and show that result with the repair counts.
+		if !json {
+			out = fmt.Sprintf("The following inconsistencies were found and repaired:\n\n"+
+				"    %d leaked clusters\n    %d corruptions\n\nDouble checking the fixed image now...\n",
+				res.LeaksFixed, res.CorruptionsFixed)
+		}
+		fixed := res
+		res, err = img.Check(qcow2.RepairNone)
+		if res != nil {
+			io.WriteString(stderr, lines(res.Messages))
+			res.LeaksFixed, res.CorruptionsFixed = fixed.LeaksFixed, fixed.CorruptionsFixed
+		}
+	}
+	if cerr := img.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		if !cfg.Quiet {
+			io.WriteString(stdout, out)
+		}
+		return fmt.Errorf("Check failed: %s", strerror(err))
 	}
 	if json {
 		out += qemuJSON(checkQDict(cfg.Filename, "qcow2", res)) + "\n"
