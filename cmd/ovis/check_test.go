@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,16 +196,8 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 					if mode == "all" && v.cleanAfterAll && oa.code != 0 {
 						t.Errorf("qemu-img check after ovis img check -r all: exit %d\n%s%s", oa.code, oa.stdout, oa.stderr)
 					}
-					qb, err := os.ReadFile(filepath.Join(qdir, "a.qcow2"))
-					if err != nil {
-						t.Fatal(err)
-					}
-					ob, err := os.ReadFile(filepath.Join(odir, "a.qcow2"))
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(qb, ob) {
-						t.Errorf("repaired files differ (%d bytes as qemu-img left it, %d as ovis did) from byte %d", len(qb), len(ob), firstDiff(qb, ob))
+					if qn, on, at := firstFileDiff(t, filepath.Join(qdir, "a.qcow2"), filepath.Join(odir, "a.qcow2")); at >= 0 {
+						t.Errorf("repaired files differ (%d bytes as qemu-img left it, %d as ovis did) from byte %d", qn, on, at)
 					}
 					// A misaligned data cluster stays unreadable for QEMU.
 					if self := qemuImg(t, qdir, "compare", "a.qcow2", "a.qcow2"); self.code == 0 {
@@ -220,13 +212,41 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 }
 
 // firstDiff is the offset of the first byte where a and b differ.
-func firstDiff(a, b []byte) int {
-	for i := range min(len(a), len(b)) {
-		if a[i] != b[i] {
-			return i
+// firstFileDiff compares two files a chunk at a time (a repair can grow a
+// file to gigabytes, mostly holes, which must not be read into memory)
+// and returns their sizes and the offset of the first difference, or -1
+// when they are equal.
+func firstFileDiff(t *testing.T, a, b string) (an, bn, at int64) {
+	t.Helper()
+	fa, err := os.Open(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	fb, err := os.Open(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	sa, _ := fa.Stat()
+	sb, _ := fb.Stat()
+	an, bn = sa.Size(), sb.Size()
+	ba, bb := make([]byte, 1<<20), make([]byte, 1<<20)
+	for off := int64(0); ; off += int64(len(ba)) {
+		na, _ := io.ReadFull(fa, ba)
+		nb, _ := io.ReadFull(fb, bb)
+		for i := range min(na, nb) {
+			if ba[i] != bb[i] {
+				return an, bn, off + int64(i)
+			}
+		}
+		if na != nb {
+			return an, bn, off + int64(min(na, nb))
+		}
+		if na < len(ba) {
+			return an, bn, -1
 		}
 	}
-	return min(len(a), len(b))
 }
 
 // TestCheckErrorsMatchQemu compares the refusals: raw images (exit 63),
