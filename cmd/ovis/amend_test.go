@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -274,28 +271,8 @@ func samePrefix(t *testing.T, a, b string) bool {
 	if a == "" || b == "" {
 		return false
 	}
-	fa, err := os.Open(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fa.Close()
-	fb, err := os.Open(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fb.Close()
-	ba, bb := make([]byte, 1<<20), make([]byte, 1<<20)
-	for {
-		na, erra := io.ReadFull(fa, ba)
-		nb, errb := io.ReadFull(fb, bb)
-		n := min(na, nb)
-		if !bytes.Equal(ba[:n], bb[:n]) {
-			return false
-		}
-		if erra != nil || errb != nil {
-			return true
-		}
-	}
+	an, bn, at := firstFileDiff(t, a, b)
+	return at < 0 || at == min(an, bn)
 }
 
 // infoJSON returns `qemu-img info --output=json` of an image as one line,
