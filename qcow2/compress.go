@@ -34,7 +34,9 @@ import (
 // once the cluster is full.
 //
 // Both functions are safe for concurrent use. Encoders and decoders are
-// kept in pools, since conversion compresses on every core at once.
+// kept in pools; a Compressor instead keeps one encoder for the goroutine
+// that owns it (conversion compresses on every core at once, and a
+// pooled zstd encoder does not survive a GC).
 
 const (
 	// maxClusterSize is the largest cluster a compressed cluster can fill.
@@ -111,6 +113,72 @@ func compressCluster(typ uint8, src []byte) (out []byte, ok bool, err error) {
 	}
 }
 
+// Compressor compresses guest clusters for one image (its compression
+// type and cluster size) with an encoder of its own, kept between calls.
+// It exists so that a caller can compress on as many goroutines as it
+// likes and hand the results to WritePrecompressed, possibly from one
+// goroutine that keeps the writes in order; and so that each of those
+// goroutines keeps its encoder (pooled encoders are dropped at every GC,
+// and a zstd encoder with its tables is costly to make again).
+//
+// Not safe for concurrent use: give each goroutine its own.
+type Compressor struct {
+	typ         uint8
+	clusterSize int
+	deflate     *deflater     // CompressionDeflate
+	zstd        *zstd.Encoder // CompressionZstd
+	pad         []byte        // the short last cluster, padded to a whole one
+}
+
+// NewCompressor returns a Compressor for the image's compression type.
+// It returns an *UnsupportedError for a compression type ovis does not
+// know.
+func (img *Image) NewCompressor() (*Compressor, error) {
+	c := &Compressor{typ: img.compression, clusterSize: int(img.clusterSize)}
+	switch c.typ {
+	case CompressionDeflate:
+		c.deflate = newDeflater()
+	case CompressionZstd:
+		c.zstd = newZstdEncoder()
+	default:
+		return nil, &UnsupportedError{Feature: fmt.Sprintf("compression type %d", c.typ)}
+	}
+	return c, nil
+}
+
+// Compress compresses p, one whole guest cluster, or what remains of the
+// disk for the last cluster (which is compressed padded with zeros, as
+// WriteCompressed does). The result is built in dst's storage when it
+// fits in cap(dst) (a cluster's worth always does), else in a new slice;
+// the caller owns it. ok is false, and z nil, when compression does not
+// make the cluster smaller: WritePrecompressed then writes it as it is.
+func (c *Compressor) Compress(dst, p []byte) (z []byte, ok bool, err error) {
+	if len(p) == 0 || len(p) > c.clusterSize {
+		return nil, false, fmt.Errorf("qcow2: compressing %d bytes: not one cluster of %d bytes", len(p), c.clusterSize)
+	}
+	src := p
+	if len(p) < c.clusterSize {
+		if c.pad == nil {
+			c.pad = make([]byte, c.clusterSize)
+		}
+		copy(c.pad, p)
+		clear(c.pad[len(p):])
+		src = c.pad
+	}
+	switch c.typ {
+	case CompressionDeflate:
+		c.deflate.out.use(dst, len(src)-1)
+		z, ok, err = c.deflate.deflate(src)
+		c.deflate.out.buf = nil // dst belongs to the caller
+	default:
+		z, ok = zstdInto(c.zstd, dst, src)
+	}
+	if !ok {
+		return nil, false, err
+	}
+	return z, true, nil
+}
+
 // Deflate.
 
 // inflater is a pooled deflate decoder with its input reader.
@@ -155,21 +223,32 @@ type deflater struct {
 }
 
 var deflaters = sync.Pool{
-	New: func() any {
-		d := new(deflater)
-		w, err := flate.NewWriterWindow(&d.out, deflateWindow)
-		if err != nil {
-			panic("qcow2: creating deflate writer: " + err.Error()) // constant arguments
-		}
-		d.w = w
-		return d
-	},
+	New: func() any { return newDeflater() },
+}
+
+func newDeflater() *deflater {
+	d := new(deflater)
+	w, err := flate.NewWriterWindow(&d.out, deflateWindow)
+	if err != nil {
+		panic("qcow2: creating deflate writer: " + err.Error()) // constant arguments
+	}
+	d.w = w
+	return d
 }
 
 func deflateCluster(src []byte) ([]byte, bool, error) {
 	d := deflaters.Get().(*deflater)
 	defer deflaters.Put(d)
 	d.out.reset(len(src) - 1)
+	out, ok, err := d.deflate(src)
+	if !ok {
+		return nil, ok, err
+	}
+	return bytes.Clone(out), true, nil
+}
+
+// deflate compresses src into d.out, which the caller has reset.
+func (d *deflater) deflate(src []byte) ([]byte, bool, error) {
 	d.w.Reset(&d.out)
 	if _, err := d.w.Write(src); err != nil {
 		return notSmaller(err)
@@ -177,7 +256,7 @@ func deflateCluster(src []byte) ([]byte, bool, error) {
 	if err := d.w.Close(); err != nil {
 		return notSmaller(err)
 	}
-	return bytes.Clone(d.out.buf), true, nil
+	return d.out.buf, true, nil
 }
 
 // notSmaller maps errOutputFull, which ends compression early when the
@@ -207,6 +286,12 @@ func (b *limitBuffer) reset(limit int) {
 	b.buf = b.buf[:0]
 }
 
+// use makes the buffer collect into dst's storage from its start (it
+// allocates only if limit is beyond cap(dst)).
+func (b *limitBuffer) use(dst []byte, limit int) {
+	b.buf, b.limit = dst[:0], limit
+}
+
 func (b *limitBuffer) Write(p []byte) (int, error) {
 	if len(p) > b.limit-len(b.buf) {
 		return 0, errOutputFull
@@ -222,19 +307,21 @@ func (b *limitBuffer) Write(p []byte) (int, error) {
 // frame is a single segment, so its window is exactly the cluster size, as
 // with libzstd.
 var zstdEncoders = sync.Pool{
-	New: func() any {
-		e, err := zstd.NewWriter(nil,
-			zstd.WithEncoderConcurrency(1),
-			zstd.WithEncoderLevel(zstd.SpeedDefault),
-			zstd.WithWindowSize(maxClusterSize),
-			zstd.WithSingleSegment(true),
-			zstd.WithEncoderCRC(true),
-		)
-		if err != nil {
-			panic("qcow2: creating zstd encoder: " + err.Error()) // constant arguments
-		}
-		return &zstdEncoder{e: e}
-	},
+	New: func() any { return &zstdEncoder{e: newZstdEncoder()} },
+}
+
+func newZstdEncoder() *zstd.Encoder {
+	e, err := zstd.NewWriter(nil,
+		zstd.WithEncoderConcurrency(1),
+		zstd.WithEncoderLevel(zstd.SpeedDefault),
+		zstd.WithWindowSize(maxClusterSize),
+		zstd.WithSingleSegment(true),
+		zstd.WithEncoderCRC(true),
+	)
+	if err != nil {
+		panic("qcow2: creating zstd encoder: " + err.Error()) // constant arguments
+	}
+	return e
 }
 
 type zstdEncoder struct {
@@ -250,14 +337,21 @@ func zstdCluster(src []byte) ([]byte, bool, error) {
 		// allocate again for compressible data.
 		z.buf = make([]byte, 0, len(src))
 	}
-	z.buf = z.e.EncodeAll(src, z.buf[:0])
-	if len(z.buf) >= len(src) {
-		if cap(z.buf) > 2*len(src) {
-			z.buf = nil // keep the pool from holding grown buffers
-		}
+	out, ok := zstdInto(z.e, z.buf, src)
+	if !ok {
 		return nil, false, nil
 	}
-	return bytes.Clone(z.buf), true, nil
+	return bytes.Clone(out), true, nil
+}
+
+// zstdInto compresses src as one frame appended to dst[:0]; ok is false
+// when the frame is not smaller than src.
+func zstdInto(e *zstd.Encoder, dst, src []byte) ([]byte, bool) {
+	out := e.EncodeAll(src, dst[:0])
+	if len(out) >= len(src) {
+		return nil, false
+	}
+	return out, true
 }
 
 // zstdDecoders holds one pool per destination size class, indexed by the

@@ -12,13 +12,7 @@ import (
 func (img *Image) WriteCompressed(p []byte, off int64) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
-	if off&(img.clusterSize-1) != 0 || (int64(len(p)) != img.clusterSize && off+int64(len(p)) != img.size) {
-		return fmt.Errorf("qcow2: compressed write of %d bytes at %#x is not one whole cluster", len(p), off)
-	}
-	if img.hasDataFile {
-		return fmt.Errorf("qcow2: compressed writes are not supported with an external data file")
-	}
-	if err := img.beginWrite(off, int64(len(p))); err != nil {
+	if err := img.checkCompressed(p, off); err != nil {
 		return err
 	}
 	src := p
@@ -31,6 +25,49 @@ func (img *Image) WriteCompressed(p []byte, off int64) error {
 		return err
 	}
 	if !ok {
+		z = nil
+	}
+	return img.writePrecompressed(z, p, off)
+}
+
+// WritePrecompressed is WriteCompressed with the compression done by the
+// caller: z is what a Compressor of this image (Image.NewCompressor) made
+// of p, or nil when it reported that p does not shrink, in which case p
+// is written uncompressed. The engine does not decode z: a stream that is
+// not p's, or not of the image's compression type, makes the cluster
+// unreadable. The caller keeps z and p; they are not retained. Safe for
+// concurrent use.
+func (img *Image) WritePrecompressed(z, p []byte, off int64) error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
+	if err := img.checkCompressed(p, off); err != nil {
+		return err
+	}
+	if z != nil && (len(z) == 0 || int64(len(z)) >= img.clusterSize) {
+		return fmt.Errorf("qcow2: precompressed cluster at %#x: %d bytes is not smaller than a cluster of %d", off, len(z), img.clusterSize)
+	}
+	return img.writePrecompressed(z, p, off)
+}
+
+// checkCompressed checks the arguments of a compressed cluster write.
+func (img *Image) checkCompressed(p []byte, off int64) error {
+	if off&(img.clusterSize-1) != 0 || (int64(len(p)) != img.clusterSize && off+int64(len(p)) != img.size) {
+		return fmt.Errorf("qcow2: compressed write of %d bytes at %#x is not one whole cluster", len(p), off)
+	}
+	if img.hasDataFile {
+		return fmt.Errorf("qcow2: compressed writes are not supported with an external data file")
+	}
+	return nil
+}
+
+// writePrecompressed stores the compressed form z of cluster p at off,
+// or p itself when z is nil: it packs z after the previous compressed
+// cluster, writes it, and only then sets the L2 entry that points at it.
+func (img *Image) writePrecompressed(z, p []byte, off int64) error {
+	if err := img.beginWrite(off, int64(len(p))); err != nil {
+		return err
+	}
+	if z == nil {
 		_, err := img.writeAt(p, off, false)
 		return err
 	}

@@ -21,11 +21,7 @@ func (img *Image) writeAt(p []byte, off int64, fua bool) (int, error) {
 	meta := false
 	done := 0
 	for done < len(p) {
-		pos := off + int64(done)
-		c := pos >> img.clusterBits
-		in := pos & (img.clusterSize - 1)
-		n := int(min(int64(len(p)-done), img.clusterSize-in))
-		changed, err := img.writeCluster(c, in, p[done:done+n])
+		n, changed, err := img.writeRun(off+int64(done), p[done:])
 		if err != nil {
 			return done, err
 		}
@@ -439,4 +435,319 @@ func (img *Image) fillSub(buf []byte, c int64, i int, old mapping, cluster *[]by
 		copy(buf, (*cluster)[start:])
 	}
 	return nil
+}
+
+// runKind is how writeRun writes the start of a request.
+type runKind uint8
+
+const (
+	// runInPlace: clusters written where they are, at contiguous host
+	// offsets; no claim, registered as data I/O (enterLocked).
+	runInPlace runKind = iota
+	// runFresh: clusters that all move to one new contiguous host run;
+	// claimed.
+	runFresh
+	// runSingle: one cluster through allocWrite; claimed.
+	runSingle
+)
+
+// runPlan is what planRunLocked decided for the start of a request.
+type runPlan struct {
+	kind     runKind
+	n        int    // bytes of the request the run covers
+	clusters int64  // guest clusters it covers
+	host     uint64 // runInPlace: host offset of its first byte
+	epoch    uint64 // runInPlace: the data I/O registration
+	claim    chan struct{}
+	// head and tail are the old entries of the first and last cluster
+	// of a runFresh run, read when it is claimed.
+	head, tail mapping
+}
+
+// writeRun writes a prefix of p at guest offset pos and reports how many
+// bytes that was and whether metadata changed. A run of clusters that
+// are written in place at contiguous host offsets takes one pwrite; so
+// does a run of clusters that all need a new host cluster, which get one
+// contiguous host run. Anything else goes one cluster at a time through
+// allocWrite.
+func (img *Image) writeRun(pos int64, p []byte) (int, bool, error) {
+	c0 := pos >> img.clusterBits
+	in := pos & (img.clusterSize - 1)
+	var plan runPlan
+	for {
+		var wait chan struct{}
+		err := img.withMetadata(func() error {
+			// The closure reruns after each table load: start afresh.
+			var err error
+			plan, wait, err = img.planRunLocked(c0, in, p)
+			return err
+		})
+		if err != nil {
+			return 0, false, err
+		}
+		if wait == nil {
+			break
+		}
+		<-wait
+	}
+	switch plan.kind {
+	case runInPlace:
+		_, err := img.data.WriteAt(p[:plan.n], int64(plan.host))
+		img.exit(plan.epoch)
+		if err != nil {
+			return 0, false, fmt.Errorf("qcow2: writing %d bytes at host offset %#x: %w", plan.n, plan.host, err)
+		}
+		return plan.n, false, nil
+	case runFresh:
+		defer img.releaseRun(c0, plan.clusters, plan.claim)
+		return plan.n, true, img.writeFresh(c0, in, p[:plan.n], &plan)
+	}
+	defer img.releaseRun(c0, 1, plan.claim)
+	return plan.n, true, img.allocWrite(c0, in, p[:plan.n])
+}
+
+// maxRunClusters bounds a run, so that mu is not held for long while it
+// is planned and its entries are set.
+const maxRunClusters = 8192
+
+// planRunLocked decides how writeRun writes the start of p, which lands
+// at offset in of guest cluster c0. It returns a claim to wait for when
+// c0 is claimed by another writer. Its only side effects, the claims and
+// the data I/O registration, come last, after every lookup that may ask
+// for a table load.
+func (img *Image) planRunLocked(c0, in int64, p []byte) (runPlan, chan struct{}, error) {
+	if ch := img.inflight[c0]; ch != nil {
+		return runPlan{}, ch, nil
+	}
+	cs := img.clusterSize
+	m, err := img.lookupLocked(c0)
+	if err != nil {
+		return runPlan{}, nil, err
+	}
+	n0 := int(min(int64(len(p)), cs-in))
+	// next looks at the cluster after a run of k clusters and n bytes: its
+	// entry and how many bytes of p land in it. ok is false at the end of
+	// p, at a claimed cluster, at the run limit, or when its table is not
+	// cached (the rest comes in the next run).
+	next := func(k int64, n int) (mapping, int, bool, error) {
+		if n == len(p) || k == maxRunClusters || img.inflight[c0+k] != nil {
+			return mapping{}, 0, false, nil
+		}
+		m, err := img.lookupLocked(c0 + k)
+		if _, ok := isNeedLoad(err); ok {
+			return mapping{}, 0, false, nil
+		}
+		return m, min(len(p)-n, int(cs)), err == nil, err
+	}
+
+	if h, ok := img.inPlace(m, in, int64(n0)); ok {
+		plan := runPlan{kind: runInPlace, n: n0, clusters: 1, host: h + uint64(in)}
+		for {
+			m, k, ok, err := next(plan.clusters, plan.n)
+			if err != nil {
+				return runPlan{}, nil, err
+			}
+			if !ok {
+				break
+			}
+			if h2, ok := img.inPlace(m, 0, int64(k)); !ok || h2 != h+uint64(plan.clusters*cs) {
+				break
+			}
+			plan.n += k
+			plan.clusters++
+		}
+		plan.epoch = img.enterLocked()
+		return plan, nil, nil
+	}
+
+	plan := runPlan{kind: runSingle, n: n0, clusters: 1, head: m, tail: m}
+	if img.freshOK(m, in, int64(n0)) {
+		plan.kind = runFresh
+		// The run stays inside one L2 slice: its entries are set in one
+		// table, which planning and linking find cached.
+		// Half a refcount block's range at most: a new refcount block
+		// takes the first cluster of its range, so allocRunLocked never
+		// finds a run as long as the whole range.
+		_, idx, _ := img.l2SlotLocked(c0)
+		limit := min(img.slEntries-idx%img.slEntries, max(img.rcPerBlock/2, 1))
+		for plan.clusters < limit {
+			m, k, ok, err := next(plan.clusters, plan.n)
+			if err != nil {
+				return runPlan{}, nil, err
+			}
+			if !ok || !img.freshOK(m, 0, int64(k)) {
+				break
+			}
+			plan.n += k
+			plan.clusters++
+			plan.tail = m
+		}
+	}
+	plan.claim = make(chan struct{})
+	for k := int64(0); k < plan.clusters; k++ {
+		img.inflight[c0+k] = plan.claim
+	}
+	return plan, nil, nil
+}
+
+// inPlace reports whether n bytes at offset in of a cluster with entry m
+// can be written where they are (the cluster is ours alone and every
+// touched subcluster holds data), and the cluster's host offset.
+func (img *Image) inPlace(m mapping, in, n int64) (uint64, bool) {
+	h, ok := img.host(m)
+	if !ok || m.entry&flagCopied == 0 {
+		return 0, false
+	}
+	for i := int(in / img.subSize); i <= int((in+n-1)/img.subSize); i++ {
+		if k, _ := img.sub(m, i); k != kindData {
+			return 0, false
+		}
+	}
+	return h, true
+}
+
+// freshOK reports whether a write of n bytes at offset in of a cluster
+// with entry m can join a fresh run: the data moves to a new host
+// cluster, and with extended L2 the write covers the whole cluster (a
+// partial one keeps its untouched subclusters unallocated, which
+// allocWrite handles).
+func (img *Image) freshOK(m mapping, in, n int64) bool {
+	if img.hasDataFile {
+		return false
+	}
+	if _, ok := img.host(m); ok && m.entry&flagCopied != 0 {
+		return false
+	}
+	return !img.extL2 || (in == 0 && n == img.clusterSize)
+}
+
+// releaseRun ends the claim on guest clusters [c0, c0+n).
+func (img *Image) releaseRun(c0, n int64, ch chan struct{}) {
+	img.mu.Lock()
+	for k := int64(0); k < n; k++ {
+		delete(img.inflight, c0+k)
+	}
+	img.mu.Unlock()
+	close(ch)
+}
+
+// writeFresh writes p, which starts at offset in of guest cluster c0 and
+// covers the plan's claimed clusters, into one new contiguous host run:
+// the run is allocated (with the L2 table made writable first, so that
+// the table does not split the run), the data is written with one pwrite
+// straight from p (plus one for each partial cluster at either end,
+// built over the cluster's old contents), and then the L2 entries are
+// set. As in allocWrite, the data is written before the entries that map
+// it, and the run's refcounts are raised before them.
+func (img *Image) writeFresh(c0, in int64, p []byte, plan *runPlan) error {
+	cs := img.clusterSize
+	n := plan.clusters
+	var run uint64
+	allocated := false
+	err := img.withMetadata(func() error {
+		if _, _, err := img.writableL2Locked(c0); err != nil {
+			return err
+		}
+		if !allocated {
+			var err error
+			if run, err = img.allocRunLocked(n); err != nil {
+				return err
+			}
+			allocated = true
+		}
+		return nil
+	})
+	if err != nil {
+		if allocated {
+			img.freeRun(run, n)
+		}
+		return err
+	}
+
+	// The partial clusters at either end, whole, over their old contents.
+	end := in + int64(len(p)) // within the run's first cluster
+	var head, tail []byte
+	if in != 0 || (n == 1 && end != cs) {
+		if head, err = img.overlay(c0, plan.head, in, p[:min(int64(len(p)), cs-in)]); err != nil {
+			img.freeRun(run, n)
+			return err
+		}
+	}
+	if n > 1 && end%cs != 0 {
+		from := (n-1)*cs - in
+		if tail, err = img.overlay(c0+n-1, plan.tail, 0, p[from:]); err != nil {
+			img.freeRun(run, n)
+			return err
+		}
+	}
+	mid, midAt := p, int64(run)
+	if head != nil {
+		if err := img.writeData(head, midAt); err != nil {
+			img.freeRun(run, n)
+			return err
+		}
+		mid, midAt = mid[min(int64(len(mid)), cs-in):], midAt+cs
+	}
+	if tail != nil {
+		mid = mid[:int64(len(mid))-(end%cs)]
+	}
+	if len(mid) > 0 {
+		if err := img.writeData(mid, midAt); err != nil {
+			img.freeRun(run, n)
+			return err
+		}
+	}
+	if tail != nil {
+		if err := img.writeData(tail, int64(run)+(n-1)*cs); err != nil {
+			img.freeRun(run, n)
+			return err
+		}
+	}
+
+	var bitmap uint64
+	if img.extL2 {
+		bitmap = 1<<img.nsub - 1 // every subcluster allocated, none zero
+	}
+	return img.withMetadata(func() error {
+		for k := int64(0); k < n; k++ {
+			nm := mapping{entry: (run + uint64(k*cs)) | flagCopied, bitmap: bitmap}
+			// Skip entries set before a table load made this rerun.
+			if m, err := img.lookupLocked(c0 + k); err == nil && m == nm {
+				continue
+			}
+			if err := img.setEntryLocked(c0+k, nm, true); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// overlay returns guest cluster c, whose entry is old, as it reads with
+// p written at offset in.
+func (img *Image) overlay(c int64, old mapping, in int64, p []byte) ([]byte, error) {
+	buf := make([]byte, img.clusterSize)
+	var cluster []byte
+	if err := img.fillSub(buf, c, 0, old, &cluster); err != nil {
+		return nil, err
+	}
+	copy(buf[in:], p)
+	return buf, nil
+}
+
+func (img *Image) writeData(p []byte, at int64) error {
+	if _, err := img.data.WriteAt(p, at); err != nil {
+		return fmt.Errorf("qcow2: writing %d bytes at host offset %#x: %w", len(p), at, err)
+	}
+	return nil
+}
+
+// freeRun gives back n host clusters from run that were allocated but
+// never linked; like every release, it takes effect at the next flush.
+func (img *Image) freeRun(run uint64, n int64) {
+	img.mu.Lock()
+	for k := int64(0); k < n; k++ {
+		img.pendingFree = append(img.pendingFree, run+uint64(k*img.clusterSize))
+	}
+	img.mu.Unlock()
 }

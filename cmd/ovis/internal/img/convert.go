@@ -55,9 +55,9 @@ type ConvertConfig struct {
 	// are made one at a time in ascending offset order: a qcow2 output
 	// gets its clusters in guest order, so its layout does not depend on
 	// timing, and an interrupted conversion leaves a prefix of the
-	// source. With -W writes overlap, which is faster, and compressed
-	// clusters are compressed on every core at once (without it they are
-	// compressed in turn, as each compressed write is one engine call).
+	// source. With -W writes overlap, which is faster. Either way the
+	// workers compress (-c) on every core at once: the writes only store
+	// what they compressed.
 	Unordered bool
 	// TargetIsZero (--target-is-zero, with NoCreate) promises that the
 	// existing output reads as zeros, so zero ranges are not written.
