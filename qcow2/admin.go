@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -483,6 +484,13 @@ func (img *Image) ApplySnapshot(idOrName string) error {
 // new range. Shrinking needs shrink and drops everything past the new end.
 // Images with internal snapshots cannot be resized, as in QEMU.
 func (img *Image) Resize(size int64, shrink bool, prealloc string) error {
+	return img.ResizeContext(context.Background(), size, shrink, prealloc)
+}
+
+// ResizeContext is Resize whose preallocation stops between runs of
+// clusters once ctx is done, returning ctx's error: what it mapped stays
+// mapped and consistent, and Close flushes it.
+func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, prealloc string) error {
 	if size%512 != 0 || size < 0 {
 		return fmt.Errorf("qcow2: the new size %d must be a non-negative multiple of 512", size)
 	}
@@ -505,7 +513,7 @@ func (img *Image) Resize(size int64, shrink bool, prealloc string) error {
 	if err != nil || size <= old || prealloc == "" || prealloc == PreallocOff {
 		return err
 	}
-	return img.preallocate(prealloc, old)
+	return img.preallocate(ctx, prealloc, old)
 }
 
 func (img *Image) growLocked(size int64) error {

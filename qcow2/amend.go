@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -73,6 +74,14 @@ func (img *Image) SetBacking(name, format string) error {
 //
 // Amend has the image to itself: I/O waits until it is done.
 func (img *Image) Amend(o AmendOptions) error {
+	return img.AmendContext(context.Background(), o)
+}
+
+// AmendContext is Amend that stops between steps, and between L2 tables
+// of a downgrade, once ctx is done, returning ctx's error. What was done
+// stays done and consistent; Close flushes it. The refcount rewrite of a
+// width change is one step and is not interrupted.
+func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 	p := &amendProgress{report: o.Progress}
 	downgrade := false
 	var grewFrom int64 = -1
@@ -96,6 +105,9 @@ func (img *Image) Amend(o AmendOptions) error {
 				return err
 			}
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if rcBits != img.rcBits {
 			if newVersion < 3 && rcBits != 16 {
 				return errors.New("Refcount widths other than 16 bits require compatibility level 1.1 or above (use compat=1.1 or greater)")
@@ -116,6 +128,9 @@ func (img *Image) Amend(o AmendOptions) error {
 				return err
 			}
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if o.Size != 0 {
 			old := img.size
 			if err := img.amendSizeLocked(o.Size); err != nil {
@@ -133,12 +148,15 @@ func (img *Image) Amend(o AmendOptions) error {
 	// An image whose data file must stay a valid raw image maps all of it:
 	// QEMU preallocates the metadata of what a resize adds.
 	if grewFrom >= 0 {
-		if err := img.preallocate(PreallocMetadata, grewFrom); err != nil {
+		if err := img.preallocate(ctx, PreallocMetadata, grewFrom); err != nil {
 			return fmt.Errorf("qcow2: amend: preallocating the grown range: %w", err)
 		}
 	}
 	if downgrade {
-		return img.exclusive(func() error { return img.downgradeLocked(p) })
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return img.exclusive(func() error { return img.downgradeLocked(ctx, p) })
 	}
 	return nil
 }
@@ -477,7 +495,7 @@ func (img *Image) unshareTailLocked(size int64) error {
 // qcow2_downgrade does: it refuses what version 2 cannot hold, turns zero
 // clusters into clusters version 2 reads as zeros, in the active layer and
 // in every snapshot, and leaves zstd only when nothing is compressed.
-func (img *Image) downgradeLocked(p *amendProgress) error {
+func (img *Image) downgradeLocked(ctx context.Context, p *amendProgress) error {
 	h := &img.hdr
 	if img.rcBits != 16 {
 		return errors.New("compat=0.10 requires refcount_bits=16")
@@ -500,7 +518,7 @@ func (img *Image) downgradeLocked(p *amendProgress) error {
 	if f := h.IncompatibleFeatures &^ IncompatCompression; f != 0 {
 		return fmt.Errorf("Cannot downgrade an image with incompatible features %#x set", f)
 	}
-	if err := img.expandZeroClustersLocked(p); err != nil {
+	if err := img.expandZeroClustersLocked(ctx, p); err != nil {
 		return fmt.Errorf("Failed to turn zero into data clusters: %w", err)
 	}
 	if img.compression != CompressionDeflate {
@@ -552,7 +570,7 @@ func (img *Image) hasCompressedLocked() (bool, error) {
 // progress once per L1 entry as QEMU does. The active tables are done
 // first and written to disk, so a table shared with a snapshot is found
 // already expanded when the snapshot's turn comes.
-func (img *Image) expandZeroClustersLocked(p *amendProgress) error {
+func (img *Image) expandZeroClustersLocked(ctx context.Context, p *amendProgress) error {
 	if err := img.flushExclusiveLocked(); err != nil {
 		return err
 	}
@@ -571,6 +589,9 @@ func (img *Image) expandZeroClustersLocked(p *amendProgress) error {
 	}
 	for _, l1 := range l1s {
 		for _, e := range l1 {
+			if err := ctx.Err(); err != nil {
+				return err // each table is expanded whole, so this is consistent
+			}
 			if l2off := e & l1OffsetMask; l2off != 0 {
 				if err := img.expandZeroTableLocked(l2off); err != nil {
 					return err

@@ -86,6 +86,7 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 	bo := o
 	bo.ReadOnly = true
 	bo.NoBacking = false
+	bo.ForCheck = false // only the image checked is opened for check
 	b, err := openDevice(p, img.hdr.BackingFormat, bo, seen)
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening backing file: %w", img.path, err)

@@ -131,18 +131,24 @@ func (img *Image) readZeroFilled(off uint64, n int64) ([]byte, error) {
 	return buf, nil
 }
 
+// inc counts one reference to each cluster of [off, off+n) (QEMU's
+// qcow2_inc_refcounts_imrt). Less than a cluster past the end of the file
+// is allowed, as the last cluster may be partly written.
 func (k *checker) inc(off uint64, n int64) {
 	if n <= 0 {
 		return
 	}
 	cs := uint64(k.img.clusterSize)
+	if end := off + uint64(n); end < off || end >= uint64(k.fileSize) && end-uint64(k.fileSize) >= cs {
+		k.res.Corruptions++
+		k.res.msg("ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, n)
+		return
+	}
 	first, last := off/cs, (off+uint64(n)-1)/cs
+	if last >= uint64(len(k.refs)) {
+		k.refs = append(k.refs, make([]uint64, last+1-uint64(len(k.refs)))...)
+	}
 	for i := first; i <= last; i++ {
-		if i >= uint64(len(k.refs)) {
-			k.res.CheckErrors++
-			k.res.msg("ERROR: counting reference for region exceeding the end of the file by one cluster or more: offset %#x size %#x", off, n)
-			return
-		}
 		k.refs[i]++
 	}
 }
@@ -399,7 +405,9 @@ func (img *Image) calculateLocked(res *CheckResult, fix RepairMode) (*checker, e
 			return nil, err
 		}
 	}
-	if len(img.snapshots) > 0 {
+	if img.forCheck {
+		k.inc(img.hdr.SnapshotsOffset, img.checkSnapSize)
+	} else if len(img.snapshots) > 0 {
 		k.inc(img.hdr.SnapshotsOffset, snapshotTableLen(img.snapshots))
 	}
 	k.inc(img.hdr.RefcountTableOffset, int64(len(img.refTable))*8)
@@ -419,13 +427,15 @@ func (img *Image) calculateLocked(res *CheckResult, fix RepairMode) (*checker, e
 
 // liveRefcounts reads and writes the refcounts stored in the image
 // through the in-memory refcount table, writing through to the file.
+// A misaligned refcount block is a corruption event reported on res.
 type liveRefcounts struct {
 	img    *Image
+	res    *CheckResult
 	blocks map[uint64][]byte
 }
 
-func (img *Image) liveRefcountsLocked() *liveRefcounts {
-	return &liveRefcounts{img: img, blocks: make(map[uint64][]byte)}
+func (img *Image) liveRefcountsLocked(res *CheckResult) *liveRefcounts {
+	return &liveRefcounts{img: img, res: res, blocks: make(map[uint64][]byte)}
 }
 
 // block returns the refcount block covering cluster i, or nil if none.
@@ -438,6 +448,10 @@ func (l *liveRefcounts) block(i int64) (uint64, []byte, error) {
 	off := img.refTable[b] & refTableMask
 	if off == 0 {
 		return 0, nil, nil
+	}
+	if off%uint64(img.clusterSize) != 0 {
+		img.signalCorruptionLocked(l.res, "Refblock offset %s unaligned (reftable index: %s)", cHex(off), cHex(uint64(b)))
+		return 0, nil, errIO
 	}
 	if buf, ok := l.blocks[off]; ok {
 		return off, buf, nil
@@ -480,7 +494,7 @@ func (l *liveRefcounts) set(i int64, v uint64) error {
 // highest cluster in use.
 func (k *checker) compare(fix RepairMode) (int64, error) {
 	img := k.img
-	live := img.liveRefcountsLocked()
+	live := img.liveRefcountsLocked(k.res)
 	res := k.res
 	var highest int64
 	for i := range int64(len(k.refs)) {
@@ -570,7 +584,16 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 	defer img.mu.Unlock()
 	cs := img.clusterSize
 	res := &CheckResult{TotalClusters: (img.size + cs - 1) / cs}
-	err := img.checkRefcountsLocked(res, repair)
+	// The snapshot table's counters are kept apart until the end, as
+	// QEMU keeps them (qcow2_co_check_locked).
+	var sres CheckResult
+	var err error
+	if img.forCheck {
+		err = img.checkReadSnapshotsLocked(res, &sres, repair)
+	}
+	if err == nil {
+		err = img.checkRefcountsLocked(res, repair)
+	}
 	if repair != RepairNone {
 		// Repairs went around the caches (which the flush left clean):
 		// start them afresh.
@@ -578,6 +601,14 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 		img.l2 = newTableCache(img.l2.name, img.file, img.l2.entrySize, img.l2.capacity, img.l2policyName, &img.mu)
 		img.freeHint, img.runHint, img.compTail = 1, 0, 0
 	}
+	if err == nil && img.forCheck {
+		err = img.checkFixSnapshotsLocked(res, &sres, repair)
+	}
+	res.CheckErrors += sres.CheckErrors
+	res.Corruptions += sres.Corruptions
+	res.Leaks += sres.Leaks
+	res.CorruptionsFixed += sres.CorruptionsFixed
+	res.LeaksFixed += sres.LeaksFixed
 	if repair != RepairNone {
 		clean := err == nil && res.CheckErrors == 0 && res.Corruptions == 0
 		if merr := img.markCheckedLocked(clean); err == nil {
@@ -816,7 +847,7 @@ func (img *Image) checkCopiedLocked(res *CheckResult, fix RepairMode) error {
 	repair := fix == RepairAll ||
 		(fix == RepairLeaks && res.CheckErrors == 0 && res.Corruptions == 0 && res.Leaks == 0)
 	cs := uint64(img.clusterSize)
-	live := img.liveRefcountsLocked()
+	live := img.liveRefcountsLocked(res)
 	for i, e := range img.l1 {
 		l2off := e & l1OffsetMask
 		if l2off == 0 {
@@ -905,11 +936,57 @@ func (img *Image) writeL1EntryLocked(i int, e uint64) error {
 	return nil
 }
 
-// zeroClusterLocked overwrites host cluster i with zeros.
+// zeroClusterLocked overwrites host cluster i with zeros, up to the end
+// of the file: like QEMU's discard, it never grows the file.
 func (img *Image) zeroClusterLocked(i int64) error {
 	off := i * img.clusterSize
-	if _, err := img.file.WriteAt(make([]byte, img.clusterSize), off); err != nil {
+	size, err := img.file.Size()
+	if err != nil {
+		return fmt.Errorf("qcow2: zeroing freed cluster at %#x: %w", off, err)
+	}
+	n := min(img.clusterSize, size-off)
+	if n <= 0 {
+		return nil
+	}
+	if _, err := img.file.WriteAt(make([]byte, n), off); err != nil {
 		return fmt.Errorf("qcow2: zeroing freed cluster at %#x: %w", off, err)
 	}
 	return nil
+}
+
+// errIO is EIO as qemu-img prints it; errors.Is(errIO, syscall.EIO).
+var errIO error = ioError{}
+
+type ioError struct{}
+
+func (ioError) Error() string        { return "Input/output error" }
+func (ioError) Is(target error) bool { return target == syscall.EIO }
+
+// cHex formats v as C's %#x does: 0 has no prefix.
+func cHex(v uint64) string {
+	if v == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%#x", v)
+}
+
+// signalCorruptionLocked reports a corruption event as QEMU's
+// qcow2_signal_corruption does: only the first one is printed, and a
+// writable image is marked corrupt on disk.
+func (img *Image) signalCorruptionLocked(res *CheckResult, format string, args ...any) {
+	if img.corruptSignalled {
+		return
+	}
+	img.corruptSignalled = true
+	what := fmt.Sprintf(format, args...)
+	if img.ro {
+		res.msg("qcow2: Image is corrupt: %s; further non-fatal corruption events will be suppressed", what)
+		return
+	}
+	res.msg("qcow2: Marking image as corrupt: %s; further corruption events will be suppressed", what)
+	img.hdr.IncompatibleFeatures |= IncompatCorrupt
+	if err := img.writeHeaderLocked(); err != nil {
+		res.CheckErrors++
+		res.msg("ERROR: marking the image corrupt: %v", err)
+	}
 }

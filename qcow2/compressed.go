@@ -95,7 +95,7 @@ func (img *Image) writePrecompressed(z, p []byte, off int64) error {
 	if err != nil {
 		return err
 	}
-	if _, err := img.file.WriteAt(z, int64(at)); err != nil {
+	if _, err := img.writeHost(img.file, z, int64(at)); err != nil {
 		return fmt.Errorf("qcow2: writing compressed cluster at %#x: %w", at, err)
 	}
 	err = img.withMetadata(func() error {

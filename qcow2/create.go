@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -71,7 +72,7 @@ func Create(path string, o CreateOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := img.preallocate(o.Preallocation, 0); err != nil {
+	if err := img.preallocate(context.Background(), o.Preallocation, 0); err != nil {
 		img.Close()
 		return err
 	}
@@ -174,16 +175,17 @@ func writeLayout(f block.File, h *Header) error {
 // preallocate allocates every L2 table and data cluster from guest offset
 // from to the end (metadata), and with falloc or full also reserves or
 // zero-fills the data. from must be cluster aligned or the old size of a
-// grown image.
-func (img *Image) preallocate(mode string, from int64) error {
+// grown image. It stops between runs once ctx is done.
+func (img *Image) preallocate(ctx context.Context, mode string, from int64) error {
 	n := (img.size + img.clusterSize - 1) >> img.clusterBits
 	var end uint64
 	type run struct{ off, n int64 }
 	var runs []run
 	for c := (from + img.clusterSize - 1) >> img.clusterBits; c < n; {
-		// A run must fit inside one refcount block's range next to the
-		// block itself, which allocation places at the range's start.
-		k := min(img.slEntries-c%img.slEntries, n-c, max(img.rcPerBlock/2, 1))
+		if ctx.Err() != nil {
+			break // still extend the file below: the mapped runs lie past its end
+		}
+		k := min(img.slEntries-c%img.slEntries, n-c)
 		var host uint64
 		done := false
 		err := img.withMetadata(func() error {
@@ -231,6 +233,9 @@ func (img *Image) preallocate(mode string, from int64) error {
 			return err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	switch mode {
 	case PreallocFalloc:
 		if of, ok := img.data.(*block.OSFile); ok {
@@ -240,6 +245,9 @@ func (img *Image) preallocate(mode string, from int64) error {
 		zero := make([]byte, 1<<20)
 		for _, r := range runs {
 			for off := r.off; off < r.off+r.n; off += int64(len(zero)) {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
 				if _, err := img.data.WriteAt(zero[:min(int64(len(zero)), r.off+r.n-off)], off); err != nil {
 					return err
 				}

@@ -7,27 +7,58 @@ import "github.com/ovis-storage/ovis/block"
 // Such a cluster reads as zeros, and saying so in block status lets an NBD
 // read of it go out as a hole without reading the disk, as QEMU does.
 //
-// Finding out costs lseek calls. dataRun remembers the last run of the
-// host file found to hold data, as QEMU's block-status cache does; it
-// never goes stale because ovis never punches holes in, or shrinks, the
-// files of an open image, so a run once data stays data. Holes are not
-// remembered: a write can fill them at any time.
-type dataRun struct{ lo, hi int64 }
+// Finding out costs an lseek, which profiles of all-hit random reads put
+// at a tenth of the server's CPU, so the last run found is remembered
+// (as QEMU's block-status cache does, though QEMU keeps only data runs).
+//
+// A data run never goes stale: ovis never punches holes in, or shrinks,
+// the files of an open image, so data stays data. A hole run goes stale
+// when a write fills part of it. Every write of guest data or compressed
+// clusters goes through writeHost, which bumps hostGen before and after
+// the write; a hole run is used only while hostGen is what it was before
+// the lseek that found it. Bumping before the write keeps a hole found
+// during the write from being trusted after it (the lseek may or may not
+// see the write); bumping after keeps one found just before the write
+// from outliving it. A read overlapping an unfinished write may see
+// either, as NBD allows.
+//
+// Metadata writes do not bump hostGen: a hole run is only consulted for
+// clusters an L2 entry maps as data, and a cluster becomes data only
+// through a data write, which bumps it.
+type hostRun struct {
+	lo, hi int64
+	hole   bool
+	gen    uint64 // hostGen when the run was found (holes only)
+}
 
 // hostHole reports whether host offset off of the data file starts a hole
 // and how long the hole, or the data run, is within n bytes.
 func (img *Image) hostHole(off, n int64) (bool, int64) {
-	if r := img.dataRun.Load(); r != nil && r.lo <= off && off+n <= r.hi {
-		return false, n
+	if r := img.hostRun.Load(); r != nil && r.lo <= off && off < r.hi {
+		if !r.hole {
+			if off+n <= r.hi {
+				return false, n
+			}
+		} else if r.gen == img.hostGen.Load() {
+			return true, min(n, r.hi-off)
+		}
 	}
+	gen := img.hostGen.Load()
 	hole, end, ok := block.FileRun(img.data, off)
 	if !ok {
 		return false, n
 	}
-	if !hole {
-		img.dataRun.Store(&dataRun{lo: off, hi: end})
-	}
+	img.hostRun.Store(&hostRun{lo: off, hi: end, hole: hole, gen: gen})
 	return hole, min(n, end-off)
+}
+
+// writeHost writes p at host offset off of f (the data file, or the image
+// file for compressed clusters), bumping hostGen around the write.
+func (img *Image) writeHost(f block.File, p []byte, off int64) (int, error) {
+	img.hostGen.Add(1)
+	n, err := f.WriteAt(p, off)
+	img.hostGen.Add(1)
+	return n, err
 }
 
 var _ block.NoWaitReader = (*Image)(nil)

@@ -64,6 +64,9 @@ type Image struct {
 	snapshots    []Snapshot
 	backingSize  int64
 	hdrClustersN int64
+	// forCheck: opened with Options.ForCheck, so the tables may hold
+	// entries Open otherwise refuses.
+	forCheck bool
 
 	// gate is held shared by every I/O method and exclusively by
 	// operations that rewrite metadata wholesale (snapshots, resize,
@@ -83,6 +86,11 @@ type Image struct {
 	freeHint int64
 	// runHint is where the search for a run of clusters starts.
 	runHint int64
+	// allocGen counts refcount increments; a saved runScan is only
+	// valid while it is unchanged.
+	allocGen uint64
+	// scan is the allocRunLocked search a table load interrupted.
+	scan runScan
 	// compTail is the host byte offset where the next compressed cluster
 	// may be packed, 0 when none.
 	compTail uint64
@@ -97,6 +105,12 @@ type Image struct {
 	markedDirty bool
 	needRebuild bool
 	closed      bool
+	// checkSnapSize is the size of the snapshot table as Check read it
+	// (QEMU's snapshots_size), on images opened ForCheck.
+	checkSnapSize int64
+	// corruptSignalled: Check has reported a corruption event (QEMU's
+	// qcow2_signal_corruption prints only the first).
+	corruptSignalled bool
 
 	stopClean, cleanDone chan struct{} // cache-clean-interval goroutine
 
@@ -109,9 +123,11 @@ type Image struct {
 	users      map[uint64]int
 	usersCond  *sync.Cond
 
-	// dataRun is the last run of the data file known to hold data
-	// (hostholes.go). Atomic: Extent reads it outside mu.
-	dataRun atomic.Pointer[dataRun]
+	// hostRun is the last run of the data file found to be data or a
+	// hole, and hostGen counts the writes that can fill holes
+	// (hostholes.go).
+	hostRun atomic.Pointer[hostRun]
+	hostGen atomic.Uint64
 }
 
 // enterLocked registers data I/O about to use a mapping just looked up.
@@ -180,7 +196,7 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 	if err := block.ReadFull(f, first, 0); err != nil {
 		return nil, fmt.Errorf("qcow2: %s: reading header: %w", path, err)
 	}
-	h, err := ParseHeader(first, fileSize)
+	h, err := parseHeader(first, fileSize, o.ForCheck)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -217,11 +233,15 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 	if h.IncompatibleFeatures&IncompatCorrupt != 0 && !o.ReadOnly {
 		return nil, fmt.Errorf("%s: %w", path, ErrCorruptFlag)
 	}
+	img.forCheck = o.ForCheck
 	if err := img.loadTables(fileSize); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if img.snapshots, err = parseSnapshotTable(f, h.SnapshotsOffset, h.NbSnapshots, img.clusterSize, fileSize); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	// Check reads the snapshot table itself, as QEMU's does.
+	if !o.ForCheck {
+		if img.snapshots, err = parseSnapshotTable(f, h.SnapshotsOffset, h.NbSnapshots, img.clusterSize, fileSize); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
 	}
 
 	l2n, slice, rcn, err := o.cacheSizes(img.clusterSize, img.size, h.L2EntrySize())
@@ -303,7 +323,7 @@ func (img *Image) loadTables(fileSize int64) error {
 	for i := range img.l1 {
 		e := binary.BigEndian.Uint64(l1[i*8:])
 		img.l1[i] = e
-		if off := e & l1OffsetMask; off != 0 {
+		if off := e & l1OffsetMask; off != 0 && !img.forCheck {
 			if off%uint64(img.clusterSize) != 0 {
 				return corruptf("L1 entry %d: L2 table offset %#x is not cluster aligned", i, off)
 			}
@@ -320,7 +340,7 @@ func (img *Image) loadTables(fileSize int64) error {
 	for i := range img.refTable {
 		e := binary.BigEndian.Uint64(rt[i*8:])
 		img.refTable[i] = e
-		if off := e & refTableMask; off != 0 {
+		if off := e & refTableMask; off != 0 && !img.forCheck {
 			if off%uint64(img.clusterSize) != 0 {
 				return corruptf("refcount table entry %d: block offset %#x is not cluster aligned", i, off)
 			}

@@ -45,6 +45,13 @@ type Options struct {
 	// read arbitrary host files. The default (false) follows QEMU, which
 	// opens whatever the image names.
 	Untrusted bool
+	// ForCheck opens the image for Check alone, as QEMU opens one for
+	// qemu-img check: L1 entries naming misaligned L2 tables or tables
+	// past the end of the file, and refcount table entries naming
+	// misaligned blocks, are left for Check to report instead of being
+	// refused. Such an image must not be read or written; the default
+	// (false) refuses it with a *CorruptError.
+	ForCheck bool
 	// OpenFile opens the image's own file, its data file and backing
 	// files. nil means block.OpenFile.
 	OpenFile func(name string, readOnly bool) (block.File, error)

@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -95,6 +96,9 @@ func (img *Image) addRefLocked(idx int64, delta int64) error {
 	}
 	setRefcount(e.buf, i, img.rcBits, uint64(int64(v)+delta))
 	img.rc.markDirtyLocked(e)
+	if delta > 0 {
+		img.allocGen++
+	}
 	if delta < 0 && uint64(int64(v)+delta) == 0 {
 		img.freeHint = min(img.freeHint, idx)
 		if img.compTail != 0 && int64(img.compTail/uint64(img.clusterSize)) == idx {
@@ -104,10 +108,10 @@ func (img *Image) addRefLocked(idx int64, delta int64) error {
 	return nil
 }
 
-// newRefBlockLocked creates the refcount block covering idx. The block is
-// placed in the first free cluster of the range it covers, so that it
-// counts itself. Its table entry reaches disk only after the block (Flush
-// step 2).
+// newRefBlockLocked creates the refcount block covering idx, which the
+// caller is about to count. The block is placed in the first other free
+// cluster of the range it covers, so that it counts itself. Its table
+// entry reaches disk only after the block (Flush step 2).
 func (img *Image) newRefBlockLocked(idx int64) (*cacheEntry, error) {
 	b := idx / img.rcPerBlock
 	if b >= int64(len(img.refTable)) {
@@ -115,9 +119,12 @@ func (img *Image) newRefBlockLocked(idx int64) (*cacheEntry, error) {
 	}
 	first := b * img.rcPerBlock
 	// No block covers this range, so every cluster in it is free.
-	at := first
-	if at < img.hdrClustersN {
-		at = img.hdrClustersN
+	at := max(first, img.hdrClustersN)
+	if at == idx {
+		at++ // idx is the cluster the caller is counting
+	}
+	if at >= first+img.rcPerBlock {
+		return nil, fmt.Errorf("qcow2: internal error: no room for refcount block %d", b)
 	}
 	buf := make([]byte, img.clusterSize)
 	setRefcount(buf, at-first, img.rcBits, 1)
@@ -134,8 +141,19 @@ func (img *Image) allocClusterLocked() (uint64, error) {
 	return img.allocRunLocked(1)
 }
 
-// allocRunLocked allocates n contiguous free host clusters.
-func (img *Image) allocRunLocked(n int64) (uint64, error) {
+// allocRunLocked allocates n contiguous free host clusters, for any n.
+// Refcount blocks missing for the run are placed in free clusters just
+// before it, inside the same free stretch, so a run never has to make
+// room for its own blocks (placing a block inside the run and searching
+// again, as before, never ended for runs longer than a block's range).
+//
+// A *needLoad or *needGrow return keeps the search's progress in
+// img.scan, so that a run spanning more refcount blocks than the cache
+// holds still completes.
+func (img *Image) allocRunLocked(n int64) (off uint64, err error) {
+	if n < 1 {
+		return 0, fmt.Errorf("qcow2: internal error: allocating %d clusters", n)
+	}
 	idx := max(img.freeHint, img.hdrClustersN)
 	if n > 1 {
 		// Runs start after the last run, so that small holes below it
@@ -143,68 +161,176 @@ func (img *Image) allocRunLocked(n int64) (uint64, error) {
 		// clusters).
 		idx = max(idx, img.runHint)
 	}
+	s := &img.scan
+	if s.rc != img.rc || s.gen != img.allocGen || s.from < idx {
+		s.reset()
+	} else {
+		idx = s.from
+	}
+	defer func() {
+		var ng *needGrow
+		if _, ok := isNeedLoad(err); ok || errors.As(err, &ng) {
+			s.rc, s.gen, s.from = img.rc, img.allocGen, idx
+			return
+		}
+		s.reset()
+	}()
 	for {
-		b := idx / img.rcPerBlock
-		if b >= int64(len(img.refTable)) {
-			return 0, &needGrow{need: idx + n}
-		}
-		// Find n free clusters starting at idx.
-		ok := true
-		var j int64
-		for j = 0; j < n; j++ {
-			if (idx+j)/img.rcPerBlock >= int64(len(img.refTable)) {
+		// k new blocks go at idx..idx+k-1 and the run follows; k is the
+		// number of uncovered ranges the whole stretch overlaps, which
+		// grows with the stretch, so iterate to the fixed point.
+		var k int64
+		for {
+			m := img.missingBlocks(idx, idx+n+k)
+			if m <= k {
 				break
 			}
-			rc, err := img.refcountLocked(idx + j)
-			if err != nil {
-				return 0, err
-			}
-			if rc != 0 {
-				ok = false
-				break
-			}
+			k = m
 		}
-		if !ok {
-			if j == 0 && idx == img.freeHint {
+		total := n + k
+		if (idx+total-1)/img.rcPerBlock >= int64(len(img.refTable)) {
+			return 0, &needGrow{need: idx + total}
+		}
+		used, err := img.firstUsedLocked(idx, total)
+		if err != nil {
+			return 0, err
+		}
+		if used >= 0 {
+			if used == idx && idx == img.freeHint {
 				img.freeHint++
 			}
-			idx += j + 1
+			idx = used + 1
+			s.unpin()
 			continue
 		}
-		if j < n {
-			return 0, &needGrow{need: idx + n}
-		}
-		// Make sure every block exists before changing anything: creating
-		// a block may take one of the clusters we found.
-		retry := false
-		for j = 0; j < n; j++ {
-			e, err := img.refBlockLocked(idx + j)
-			if err != nil {
-				return 0, err
-			}
-			if e == nil {
-				if _, err := img.newRefBlockLocked(idx + j); err != nil {
-					return 0, err
-				}
-				retry = true
-			}
-		}
-		if retry {
-			continue
-		}
-		for j = 0; j < n; j++ {
-			if err := img.addRefLocked(idx+j, 1); err != nil {
-				return 0, err
-			}
+		if err := img.placeRunLocked(idx, total, k); err != nil {
+			return 0, err
 		}
 		if idx == img.freeHint {
-			img.freeHint = idx + n
+			img.freeHint = idx + total
 		}
 		if n > 1 {
-			img.runHint = idx + n
+			img.runHint = idx + total
 		}
-		return uint64(idx * img.clusterSize), nil
+		return uint64((idx + k) * img.clusterSize), nil
 	}
+}
+
+// runScan is the state of an allocRunLocked search between retries.
+type runScan struct {
+	rc   *tableCache // the cache it was made with (a rebuild replaces it)
+	gen  uint64      // img.allocGen when saved
+	from int64       // the candidate run's first cluster
+	free int64       // [from, free) is known to be free
+	// pins holds the blocks of [from, free) in the cache, so that loading
+	// the next one cannot evict them; last is the last pinned block.
+	pins []*cacheEntry
+	last int64
+}
+
+func (s *runScan) unpin() {
+	for _, e := range s.pins {
+		e.pins--
+	}
+	s.pins, s.free, s.last = s.pins[:0], 0, -1
+}
+
+func (s *runScan) reset() {
+	s.unpin()
+	s.rc, s.from = nil, 0
+}
+
+// missingBlocks counts the refcount ranges overlapping clusters
+// [from, to) that the table covers but has no block for.
+func (img *Image) missingBlocks(from, to int64) int64 {
+	var m int64
+	last := min((to-1)/img.rcPerBlock, int64(len(img.refTable))-1)
+	for b := from / img.rcPerBlock; b <= last; b++ {
+		if img.refTable[b]&refTableMask == 0 {
+			m++
+		}
+	}
+	return m
+}
+
+// firstUsedLocked returns the first cluster in [idx, idx+n) whose
+// refcount is not zero, or -1 when all are free. Ranges without a block
+// are free and skipped whole. It resumes after what img.scan already
+// found free, and pins the blocks it reads there.
+func (img *Image) firstUsedLocked(idx, n int64) (int64, error) {
+	s := &img.scan
+	if s.free < idx {
+		s.unpin()
+		s.free = idx
+	}
+	for s.free < idx+n {
+		c := s.free
+		e, err := img.refBlockLocked(c)
+		if err != nil {
+			return 0, err
+		}
+		end := min((c/img.rcPerBlock+1)*img.rcPerBlock, idx+n)
+		if e != nil {
+			for ; c < end; c++ {
+				if getRefcount(e.buf, c%img.rcPerBlock, img.rcBits) != 0 {
+					return c, nil
+				}
+			}
+			if b := (end - 1) / img.rcPerBlock; b > s.last {
+				e.pins++
+				s.pins = append(s.pins, e)
+				s.last = b
+			}
+		}
+		s.free = end
+	}
+	return -1, nil
+}
+
+// placeRunLocked marks the free clusters [idx, idx+total) in use, first
+// creating the k missing refcount blocks at idx..idx+k-1. The existing
+// blocks are pinned first, so that inserting the new ones cannot evict
+// them half way: either nothing changes (a needLoad) or all of it does.
+func (img *Image) placeRunLocked(idx, total, k int64) error {
+	first, last := idx/img.rcPerBlock, (idx+total-1)/img.rcPerBlock
+	var pinned []*cacheEntry
+	defer func() {
+		for _, e := range pinned {
+			e.pins--
+		}
+	}()
+	for b := first; b <= last; b++ {
+		e, err := img.refBlockLocked(b * img.rcPerBlock)
+		if err != nil {
+			return err
+		}
+		if e != nil {
+			e.pins++
+			pinned = append(pinned, e)
+		}
+	}
+	at := idx
+	for b := first; b <= last; b++ {
+		if img.refTable[b]&refTableMask != 0 {
+			continue
+		}
+		if at >= idx+k {
+			return fmt.Errorf("qcow2: internal error: run at cluster %d needs more than %d refcount blocks", idx, k)
+		}
+		off := uint64(at * img.clusterSize)
+		e := img.rc.insertLocked(off, make([]byte, img.clusterSize))
+		e.pins++
+		pinned = append(pinned, e)
+		img.refTable[b] = off
+		img.rtDirty[int(b)] = struct{}{}
+		at++
+	}
+	for c := idx; c < idx+total; c++ {
+		if err := img.addRefLocked(c, 1); err != nil {
+			return fmt.Errorf("qcow2: counting cluster %d of a new run: %w", c, err)
+		}
+	}
+	return nil
 }
 
 // needGrow asks withMetadata to grow the refcount table (with flushMu

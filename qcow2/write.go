@@ -186,7 +186,7 @@ func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
 		return false, err
 	}
 	if !claimed {
-		_, err := img.data.WriteAt(p, int64(host)+in)
+		_, err := img.writeHost(img.data, p, int64(host)+in)
 		img.exit(epoch)
 		if err != nil {
 			return false, fmt.Errorf("qcow2: writing data at host offset %#x: %w", int64(host)+in, err)
@@ -393,7 +393,7 @@ func (img *Image) allocWrite(c, in int64, p []byte) error {
 			}
 		}
 		dst := int64(host) + pieces[k].off
-		if _, err := img.data.WriteAt(buf, dst); err != nil {
+		if _, err := img.writeHost(img.data, buf, dst); err != nil {
 			return fmt.Errorf("qcow2: writing data at host offset %#x: %w", dst, err)
 		}
 		k = j
@@ -492,7 +492,7 @@ func (img *Image) writeRun(pos int64, p []byte) (int, bool, error) {
 	}
 	switch plan.kind {
 	case runInPlace:
-		_, err := img.data.WriteAt(p[:plan.n], int64(plan.host))
+		_, err := img.writeHost(img.data, p[:plan.n], int64(plan.host))
 		img.exit(plan.epoch)
 		if err != nil {
 			return 0, false, fmt.Errorf("qcow2: writing %d bytes at host offset %#x: %w", plan.n, plan.host, err)
@@ -736,7 +736,7 @@ func (img *Image) overlay(c int64, old mapping, in int64, p []byte) ([]byte, err
 }
 
 func (img *Image) writeData(p []byte, at int64) error {
-	if _, err := img.data.WriteAt(p, at); err != nil {
+	if _, err := img.writeHost(img.data, p, at); err != nil {
 		return fmt.Errorf("qcow2: writing %d bytes at host offset %#x: %w", len(p), at, err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"os"
@@ -21,6 +22,14 @@ type checkVariant struct {
 	// cleanAfterAll: qemu-img check -r all leaves it clean (QEMU 7.2
 	// cannot repair a misaligned data cluster).
 	cleanAfterAll bool
+	// unrepairable: qemu-img check -r all repairs nothing.
+	unrepairable bool
+	// qemuAllFails says why qemu-img check -r all fails on the image
+	// where ovis rebuilds it: a deliberate difference. ovis must then
+	// leave a clean image that reads as the damaged one did.
+	qemuAllFails string
+	// noRepairAll says why -r all is not compared at all.
+	noRepairAll string
 }
 
 func checkVariants() []checkVariant {
@@ -46,43 +55,43 @@ func checkVariants() []checkVariant {
 	const offMask = 0x00fffffffffffe00
 	host := func(p *qcow2Patch, guest uint64) uint64 { return p.u64(p.l2Entry(guest)) & offMask }
 	return []checkVariant{
-		{"clean", data(""), false, true},
-		{"clean 4k clusters v2", data("cluster_size=4k,compat=0.10"), false, true},
-		{"clean extended l2", data("extended_l2=on"), false, true},
+		{name: "clean", build: data(""), cleanAfterAll: true},
+		{name: "clean 4k clusters v2", build: data("cluster_size=4k,compat=0.10"), cleanAfterAll: true},
+		{name: "clean extended l2", build: data("extended_l2=on"), cleanAfterAll: true},
 		{"COPIED flag cleared on data", patched(func(p *qcow2Patch) {
 			e := p.l2Entry(1)
 			p.put64(e, p.u64(e)&^(1<<63))
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"COPIED flag cleared on L2 table", patched(func(p *qcow2Patch) {
 			p.put64(p.l1Offset, p.u64(p.l1Offset)&^(1<<63))
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"COPIED flag kept on a shared cluster", patched(func(p *qcow2Patch) {
 			p.setRefcount(host(p, 1)>>p.clusterBits, 2)
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"refcount 0 under live data", patched(func(p *qcow2Patch) {
 			p.setRefcount(host(p, 2)>>p.clusterBits, 0)
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"refcount 2 under live data", patched(func(p *qcow2Patch) {
 			p.setRefcount(host(p, 0)>>p.clusterBits, 2)
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"L2 entry into the L1 table", patched(func(p *qcow2Patch) {
 			p.put64(p.l2Entry(1), p.l1Offset|1<<63)
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"misaligned data cluster", patched(func(p *qcow2Patch) {
 			e := p.l2Entry(1)
 			p.put64(e, p.u64(e)+0x200)
-		}), true, false},
+		}), true, false, false, "", ""},
 		{"misaligned preallocated zero cluster", patched(func(p *qcow2Patch) {
 			e := p.l2Entry(1)
 			p.put64(e, (p.u64(e)+0x200)|1)
-		}), true, true},
+		}), true, true, false, "", ""},
 		// Damage to the refcount table that only a rebuild repairs.
 		{"refcount block shared with data", patched(func(p *qcow2Patch) {
 			p.put64(p.rtTable+8, host(p, 0))
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"refcount block outside the image", patched(func(p *qcow2Patch) {
 			p.put64(p.rtTable+8, 1<<30)
-		}), true, true},
+		}), true, true, false, "", ""},
 		// A writer killed between allocating clusters and linking them
 		// leaves them counted but unused; qemu-io's sigraise cannot be
 		// timed into that window, so the leak is made by hand: clusters
@@ -92,17 +101,82 @@ func checkVariants() []checkVariant {
 			for i := range uint64(3) {
 				p.setRefcount(c+i, 1)
 			}
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"leaks, a refcount too high and a COPIED flag", patched(func(p *qcow2Patch) {
 			p.setRefcount(p.grow(2), 1)
 			p.setRefcount(host(p, 0)>>p.clusterBits, 2)
 			e := p.l2Entry(1)
 			p.put64(e, p.u64(e)&^(1<<63))
-		}), true, true},
+		}), true, true, false, "", ""},
 		{"dirty after a killed lazy-refcounts writer", func(t *testing.T, dir string) {
 			data("lazy_refcounts=on")(t, dir)
 			testutil.QemuIOExit(t, filepath.Join(dir, "a.qcow2"), "qcow2", "write -P 4 20M 1M", "sigraise 9")
-		}, true, true},
+		}, true, true, false, "", ""},
+		// Damage ovis refuses on a normal open but opens for check, as
+		// QEMU does. QEMU 7.2's rebuild fails on the first two: it signals
+		// the misaligned block as a fatal corruption (and stops writing),
+		// or its overlap check still sees the old block in the old table.
+		{name: "refcount table entry with reserved bits set", build: patched(func(p *qcow2Patch) {
+			p.put64(p.rtTable, p.u64(p.rtTable)|1)
+		}), damaged: true, qemuAllFails: "overlaps with refcount block"},
+		{name: "refcount table entry misaligned", build: patched(func(p *qcow2Patch) {
+			p.put64(p.rtTable, p.u64(p.rtTable)+0x200)
+		}), damaged: true, qemuAllFails: "ERROR writing refblock"},
+		{name: "first refcount block past the end of the file", build: patched(func(p *qcow2Patch) {
+			p.put64(p.rtTable, 1<<30)
+		}), damaged: true, cleanAfterAll: true},
+		// QEMU 7.2 repairs neither L1 entry; it frees what they leak.
+		{name: "L1 entry misaligned", build: patched(func(p *qcow2Patch) {
+			p.put64(p.l1Offset, p.u64(p.l1Offset)+0x200)
+		}), damaged: true},
+		{name: "L1 entry past the end of the file", build: patched(func(p *qcow2Patch) {
+			p.put64(p.l1Offset, 1<<63|1<<30)
+		}), damaged: true},
+		// Snapshot table damage (qcow2_check_read_snapshot_table).
+		{name: "snapshot L1 table misaligned", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put64(e, p.u64(e)+0x200)
+		}), damaged: true},
+		{name: "snapshot L1 table too large", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put32(e+8, 32<<20/8+1)
+		}), damaged: true},
+		{name: "snapshot with too much extra data", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put32(e+36, 1025)
+		}), damaged: true, cleanAfterAll: true},
+		{name: "snapshot count past the table", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put32(60, 2)
+		}), damaged: true, cleanAfterAll: true},
+		{name: "snapshot table past the end of the file", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put64(64, 1<<30)
+		}), damaged: true, cleanAfterAll: true},
+		{name: "snapshot table misaligned", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put64(64, e+0x200)
+		}), damaged: true, unrepairable: true},
+		{name: "too many snapshots", build: snapped(func(p *qcow2Patch, e uint64) {
+			p.put32(60, 65537)
+		}), damaged: true, noRepairAll: "qemu-img -r all reads 65536 entries past the table, " +
+			"reports each as incomplete and then fails its overlap check writing the table"},
+	}
+}
+
+// snapped builds the data image with one internal snapshot, then damages
+// it; f gets the offset of the snapshot's table entry.
+func snapped(f func(p *qcow2Patch, entry uint64)) func(t *testing.T, dir string) {
+	return func(t *testing.T, dir string) {
+		t.Helper()
+		a := filepath.Join(dir, "a.qcow2")
+		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", a, "64M")
+		testutil.QemuIO(t, a, "qcow2", "write -P 1 0 256k", "write -c -P 2 4M 64k")
+		testutil.QemuImg(t, "snapshot", "-c", "s1", a)
+		p := patchQcow2(t, a)
+		f(p, p.u64(64))
+	}
+}
+
+func (p *qcow2Patch) put32(off, v uint64) {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], uint32(v))
+	if _, err := p.f.WriteAt(b[:], int64(off)); err != nil {
+		p.t.Fatal(err)
 	}
 }
 
@@ -161,8 +235,15 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 		for _, mode := range []string{"leaks", "all"} {
 			for _, out := range []string{"human", "json", "quiet"} {
 				t.Run(v.name+"/"+mode+"/"+out, func(t *testing.T) {
+					if mode == "all" && v.noRepairAll != "" {
+						t.Skip(v.noRepairAll)
+					}
 					t.Parallel()
 					qdir, odir := twinDirs(t, v.build)
+					if mode == "all" && v.qemuAllFails != "" {
+						checkOvisRebuild(t, v, qdir, odir, out)
+						return
+					}
 					args := []string{"check", "-r", mode}
 					switch out {
 					case "json":
@@ -174,7 +255,7 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 					q := qemuImg(t, qdir, args...)
 					o := ovisImg(t, odir, args...)
 					sameResult(t, strings.Join(args, " "), q, o)
-					if v.damaged && mode == "all" && !strings.Contains(q.stderr, "Repairing") && !strings.Contains(q.stderr, "Rebuilding") {
+					if v.damaged && !v.unrepairable && mode == "all" && !strings.Contains(q.stderr, "Repairing") && !strings.Contains(q.stderr, "Rebuilding") && !strings.Contains(q.stderr, "Discarding") {
 						t.Errorf("qemu-img repaired nothing; the variant is meant to be damaged:\n%s", q.stderr)
 					}
 					if out == "json" && q.stdout != "" {
@@ -208,6 +289,54 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// checkOvisRebuild is -r all on a variant where qemu-img fails
+// (qemuAllFails): qemu-img must still fail, and ovis must leave a clean
+// image that reads as the damaged one.
+func checkOvisRebuild(t *testing.T, v checkVariant, qdir, odir, out string) {
+	t.Helper()
+	args := []string{"check", "-r", "all"}
+	switch out {
+	case "json":
+		args = append(args, "--output=json")
+	case "quiet":
+		args = append(args, "-q")
+	}
+	args = append(args, "a.qcow2")
+	q := qemuImg(t, qdir, args...)
+	if q.code != 1 || !strings.Contains(q.stderr, v.qemuAllFails) {
+		t.Errorf("qemu-img %s: exit %d, want 1 and %q (the documented difference is gone?)\n%s", strings.Join(args, " "), q.code, v.qemuAllFails, q.stderr)
+	}
+	orig := filepath.Join(t.TempDir(), "orig.qcow2")
+	copyFile(t, filepath.Join(odir, "a.qcow2"), orig)
+	o := ovisImg(t, odir, args...)
+	if o.code != 0 || !strings.Contains(o.stderr, "Rebuilding refcount structure") {
+		t.Errorf("ovis img %s: exit %d, want 0 after a rebuild\n%s%s", strings.Join(args, " "), o.code, o.stdout, o.stderr)
+	}
+	if out == "json" {
+		var oj checkJSON
+		if err := json.Unmarshal([]byte(o.stdout), &oj); err != nil || oj.CorruptionsFixed == nil || oj.Corruptions != nil {
+			t.Errorf("ovis's JSON after the rebuild: %v\n%s", err, o.stdout)
+		}
+	}
+	if a := qemuImg(t, odir, "check", "a.qcow2"); a.code != 0 {
+		t.Errorf("qemu-img check after ovis img check -r all: exit %d\n%s%s", a.code, a.stdout, a.stderr)
+	}
+	if c := qemuImg(t, "", "compare", "-U", orig, filepath.Join(odir, "a.qcow2")); c.code != 0 {
+		t.Errorf("qemu-img compare of the damaged and the rebuilt image: exit %d\n%s%s", c.code, c.stdout, c.stderr)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -264,5 +393,37 @@ func TestCheckErrorsMatchQemu(t *testing.T) {
 	} {
 		args := strings.Fields(a)
 		sameResult(t, a, qemuImg(t, dir, args...), ovisImg(t, dir, args...))
+	}
+}
+
+// TestOpenRefusesCheckOnlyDamage: damage that check opens past (ForCheck)
+// is still refused, with what is wrong, by a normal open.
+func TestOpenRefusesCheckOnlyDamage(t *testing.T) {
+	want := map[string]string{
+		"refcount table entry misaligned":         "refcount table entry 0: block offset 0x20200 is not cluster aligned",
+		"L1 entry misaligned":                     "L1 entry 0: L2 table offset 0x40200 is not cluster aligned",
+		"L1 entry past the end of the file":       "L1 entry 0: L2 table offset 0x40000000 is beyond the end of the file",
+		"snapshot L1 table misaligned":            "is not cluster aligned",
+		"snapshot table misaligned":               "snapshot table offset",
+		"too many snapshots":                      "65537 snapshots exceed 65536",
+		"snapshot with too much extra data":       "1025 bytes of extra data exceed 1024",
+		"snapshot table past the end of the file": "beyond the end of the file",
+	}
+	for _, v := range checkVariants() {
+		msg, ok := want[v.name]
+		if !ok {
+			continue
+		}
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			v.build(t, dir)
+			for _, args := range [][]string{{"info", "a.qcow2"}, {"convert", "-O", "raw", "a.qcow2", "b.raw"}} {
+				o := ovisImg(t, dir, args...)
+				if o.code != 1 || !strings.Contains(o.stderr, "corrupt image") || !strings.Contains(o.stderr, msg) {
+					t.Errorf("ovis img %s: exit %d, want 1 and %q\n%s", strings.Join(args, " "), o.code, msg, o.stderr)
+				}
+			}
+		})
 	}
 }

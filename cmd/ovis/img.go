@@ -19,7 +19,10 @@ func newImgCmd() *cobra.Command {
 	}
 	var untrusted bool
 	cmd.PersistentFlags().BoolVar(&untrusted, "untrusted", false, "refuse backing and data files outside the image's folder, and non-regular files")
-	cmd.PersistentPreRun = func(*cobra.Command, []string) { img.SetUntrusted(untrusted) }
+	cmd.PersistentPreRun = func(*cobra.Command, []string) {
+		imgVerb.Store(true)
+		img.SetUntrusted(untrusted)
+	}
 	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd(), newImgAmendCmd())
 	return cmd
 }

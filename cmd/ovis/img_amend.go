@@ -21,7 +21,7 @@ func newImgAmendCmd() *cobra.Command {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Filenames = args
-			return img.Amend(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Amend(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cmd.SetFlagErrorFunc(getoptError)

@@ -24,7 +24,7 @@ func newImgCommitCmd() *cobra.Command {
 				return img.UsageError("Expecting one image file name")
 			}
 			cfg.Filename = args[0]
-			return img.Commit(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Commit(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()

@@ -24,7 +24,7 @@ func newImgCompareCmd() *cobra.Command {
 				return img.UsageError("Expecting two image file names")
 			}
 			cfg.Filename1, cfg.Filename2 = args[0], args[1]
-			return img.Compare(cfg, cmd.OutOrStdout())
+			return img.Compare(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()

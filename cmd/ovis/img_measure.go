@@ -27,7 +27,7 @@ func newImgMeasureCmd() *cobra.Command {
 			if len(args) == 1 {
 				cfg.Filename = args[0]
 			}
-			return img.Measure(cfg, cmd.OutOrStdout())
+			return img.Measure(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()

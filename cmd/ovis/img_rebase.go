@@ -27,7 +27,7 @@ func newImgRebaseCmd() *cobra.Command {
 				return img.UsageError("Expecting one image file name")
 			}
 			cfg.Filename = args[0]
-			return img.Rebase(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Rebase(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()

@@ -41,7 +41,7 @@ func newImgResizeCmd() *cobra.Command {
 				return img.UsageError("Expecting image file name and size")
 			}
 			cfg.Filename = f.Arg(0)
-			return img.Resize(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Resize(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cmd.Flags().AddFlagSet(f)

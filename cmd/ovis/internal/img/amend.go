@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -80,7 +81,7 @@ func qcow2AmendOpts() []optDesc {
 // Amend changes the options of an image as qemu-img amend does, with its
 // checks, messages and progress output, or prints the amendable options
 // for -o help. Only qcow2 images can be amended.
-func Amend(cfg AmendConfig, stdout, stderr io.Writer) error {
+func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error {
 	if len(cfg.Options) == 0 {
 		return UsageError("Must specify options (-o)")
 	}
@@ -107,14 +108,14 @@ func Amend(cfg AmendConfig, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	err = amendDevice(dev, options, help, prog, stdout)
+	err = amendDevice(ctx, dev, options, help, prog, stdout)
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%s: closing: %w", filename, cerr)
 	}
 	return err
 }
 
-func amendDevice(dev block.Device, options string, help bool, prog *qemuProgress, stdout io.Writer) error {
+func amendDevice(ctx context.Context, dev block.Device, options string, help bool, prog *qemuProgress, stdout io.Writer) error {
 	format := "raw"
 	img, ok := dev.(*qcow2.Image)
 	if ok {
@@ -148,7 +149,7 @@ func amendDevice(dev block.Device, options string, help bool, prog *qemuProgress
 		}
 	}
 	prog.print(0, 0)
-	err = img.Amend(ao)
+	err = img.AmendContext(ctx, ao)
 	prog.print(100, 0)
 	if errors.Is(err, qcow2.ErrAmendBacking) {
 		return fmt.Errorf("%v\nYou can use 'ovis img rebase' instead.", err)

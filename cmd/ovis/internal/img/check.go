@@ -3,6 +3,7 @@ package img
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/ovis-storage/ovis/qcow2"
 )
@@ -60,7 +61,7 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 	default:
 		return ParseRepair(cfg.Repair)
 	}
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone}, stderr)
+	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true}, stderr)
 	if err != nil {
 		return err
 	}
@@ -71,7 +72,7 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 	}
 	res, err := img.Check(mode)
 	if res != nil {
-		io.WriteString(stderr, lines(res.Messages))
+		io.WriteString(stderr, checkLines(res.Messages))
 	}
 	out := ""
 	if err == nil && (res.LeaksFixed != 0 || res.CorruptionsFixed != 0) {
@@ -85,7 +86,7 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 		fixed := res
 		res, err = img.Check(qcow2.RepairNone)
 		if res != nil {
-			io.WriteString(stderr, lines(res.Messages))
+			io.WriteString(stderr, checkLines(res.Messages))
 			res.LeaksFixed, res.CorruptionsFixed = fixed.LeaksFixed, fixed.CorruptionsFixed
 		}
 	}
@@ -169,4 +170,17 @@ func checkQDict(filename, format string, r *qcow2.CheckResult) *qdict {
 	opt("fragmented-clusters", r.FragmentedClusters)
 	opt("compressed-clusters", r.CompressedClusters)
 	return d
+}
+
+// checkLines renders check messages, those qemu-img prints through
+// error_report with the program's name.
+func checkLines(msgs []string) string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		if r, ok := strings.CutPrefix(m, qcow2.ErrorReport); ok {
+			m = "ovis: " + r
+		}
+		out[i] = m
+	}
+	return lines(out)
 }

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -35,7 +36,7 @@ type CommitConfig struct {
 // zero writes, and a base smaller than the image grows to its size. Then
 // the image is emptied, unless Drop or Base is given, and "Image
 // committed." is printed.
-func Commit(cfg CommitConfig, stdout, stderr io.Writer) error {
+func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) error {
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -52,7 +53,7 @@ func Commit(cfg CommitConfig, stdout, stderr io.Writer) error {
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	err = commit(dev, cfg, prog)
+	err = commit(ctx, dev, cfg, prog)
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -71,7 +72,7 @@ func Commit(cfg CommitConfig, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func commit(dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
+func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
@@ -108,7 +109,7 @@ func commit(dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
 	if err != nil {
 		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
 	}
-	err = commitInto(img, target, base, prog)
+	err = commitInto(ctx, img, target, base, prog)
 	if cerr := target.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -116,23 +117,27 @@ func commit(dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
 }
 
 // commitInto copies the ranges of top decided above chain layer base into
-// target, the writable base.
-func commitInto(top *qcow2.Image, target block.Device, base int, prog *qemuProgress) error {
+// target, the writable base. It stops once ctx is done, returning ctx's
+// error.
+func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress) error {
 	size := top.Size()
 	if target.Size() < size {
-		if err := growDevice(target, size); err != nil {
+		if err := growDevice(ctx, target, size); err != nil {
 			return err
 		}
 	}
 	buf := make([]byte, copyChunk)
 	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err // the caller's Close flushes what was copied
+		}
 		m, err := top.MapAt(off, size-off)
 		if err != nil {
 			return fmt.Errorf("error while reading block status at offset %d: %s", off, strerror(err))
 		}
 		n := m.Length
 		if m.Present && m.Depth < base {
-			if err := copyRange(top, target, off, n, m.Zero, buf); err != nil {
+			if err := copyRange(ctx, top, target, off, n, m.Zero, buf); err != nil {
 				return err
 			}
 		}
@@ -142,8 +147,9 @@ func commitInto(top *qcow2.Image, target block.Device, base int, prog *qemuProgr
 	return target.Flush()
 }
 
-// copyRange copies [off, off+n) of src to dst, or zeroes it there.
-func copyRange(src, dst block.Device, off, n int64, zero bool, buf []byte) error {
+// copyRange copies [off, off+n) of src to dst, or zeroes it there. It
+// stops between chunks once ctx is done.
+func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte) error {
 	if zero {
 		if err := dst.WriteZeroes(off, n, true, false); err != nil {
 			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
@@ -151,6 +157,9 @@ func copyRange(src, dst block.Device, off, n int64, zero bool, buf []byte) error
 		return nil
 	}
 	for end := off + n; off < end; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		k := min(int64(len(buf)), end-off)
 		if _, err := src.ReadAt(buf[:k], off); err != nil {
 			return fmt.Errorf("error while reading at byte %d: %s", off, strerror(err))
@@ -164,10 +173,10 @@ func copyRange(src, dst block.Device, off, n int64, zero bool, buf []byte) error
 }
 
 // growDevice grows an open image to size bytes.
-func growDevice(d block.Device, size int64) error {
+func growDevice(ctx context.Context, d block.Device, size int64) error {
 	switch d := d.(type) {
 	case *qcow2.Image:
-		if err := d.Resize((size+511)&^511, false, qcow2.PreallocOff); err != nil {
+		if err := d.ResizeContext(ctx, (size+511)&^511, false, qcow2.PreallocOff); err != nil {
 			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 		return nil

@@ -2,6 +2,7 @@ package img
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 
@@ -99,7 +100,7 @@ func (s *compareSide) read(p []byte, off int64) error {
 // when its allocation cannot be read, 4 when its data cannot be read.
 // Without Strict, areas past the end of the smaller image must read as
 // zeros in the larger one.
-func Compare(cfg CompareConfig, stdout io.Writer) error {
+func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -133,6 +134,9 @@ func Compare(cfg CompareConfig, stdout io.Writer) error {
 	}
 	buf1, buf2 := make([]byte, compareBuf), make([]byte, compareBuf)
 	for off := int64(0); off < total; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		st1, n1, err := a.status(off, a.size-off)
 		if err != nil {
 			return exitWith(compareStatFailed, fmt.Errorf("Sector allocation test failed for %s", a.name))
@@ -184,6 +188,9 @@ func Compare(cfg CompareConfig, stdout io.Writer) error {
 			over = b
 		}
 		for off := total; off < progressBase; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			st, chunk, err := over.status(off, progressBase-off)
 			if err != nil {
 				return exitWith(compareStatFailed, fmt.Errorf("Sector allocation test failed for %s", over.name))
@@ -209,7 +216,7 @@ func checkEmpty(s *compareSide, buf []byte, off int64, say func(string, ...any))
 		return err
 	}
 	for i := 0; i < len(buf); i += 512 {
-		if !isZero(buf[i:min(i+512, len(buf))]) {
+		if !block.IsZero(buf[i:min(i+512, len(buf))]) {
 			say("Content mismatch at offset %d!\n", off+int64(i))
 			return exitWith(compareDifferent, nil)
 		}

@@ -466,7 +466,7 @@ func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor)
 	defer func() { comps <- comp }()
 	for i := int64(0); i < n; i += cs {
 		q := p[i:min(i+cs, n)]
-		if isZero(q) {
+		if block.IsZero(q) {
 			clusters = append(clusters, cluster{q: q, zero: true})
 			continue
 		}
@@ -500,15 +500,3 @@ func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor)
 // compressSlack is room after a job's compressed clusters for one that
 // comes out larger than its input (a few bytes of frame per block).
 const compressSlack = 64 << 10
-
-// isZero reports whether p holds only zero bytes.
-func isZero(p []byte) bool {
-	for len(p) > 0 {
-		s := min(len(p), len(zeroSector))
-		if !bytes.Equal(p[:s], zeroSector[:s]) {
-			return false
-		}
-		p = p[s:]
-	}
-	return true
-}

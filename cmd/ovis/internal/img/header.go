@@ -123,7 +123,7 @@ func makeEmpty(path string) error {
 	rb := tables[cs : 2*cs]
 	bits := h.RefcountBits()
 	for i := int64(0); i < 3+l1Clusters; i++ {
-		putRefcount(rb, i, bits, 1)
+		qcow2.SetRefcountEntry(rb, i, bits, 1)
 	}
 	if _, err := f.WriteAt(tables, cs); err != nil {
 		return err
@@ -139,23 +139,4 @@ func makeEmpty(path string) error {
 	h.RefcountTableClusters = 1
 	h.IncompatibleFeatures = clean &^ qcow2.IncompatDirty
 	return write(h)
-}
-
-// putRefcount sets entry i of a refcount block of the given width (bits
-// below 8 count from the least significant bit of each byte).
-func putRefcount(buf []byte, i int64, bits int, v uint64) {
-	switch bits {
-	case 64:
-		binary.BigEndian.PutUint64(buf[i*8:], v)
-	case 32:
-		binary.BigEndian.PutUint32(buf[i*4:], uint32(v))
-	case 16:
-		binary.BigEndian.PutUint16(buf[i*2:], uint16(v))
-	case 8:
-		buf[i] = byte(v)
-	default:
-		bit := i * int64(bits)
-		mask := byte(1<<bits-1) << (bit % 8)
-		buf[bit/8] = buf[bit/8]&^mask | byte(v)<<(bit%8)&mask
-	}
 }

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -42,7 +43,7 @@ type measureInfo struct {
 // the new file needs ("required size"), the size with every cluster
 // allocated ("fully allocated size"), and for a qcow2 source and version
 // 3 output the room its persistent bitmaps take.
-func Measure(cfg MeasureConfig, stdout io.Writer) error {
+func Measure(ctx context.Context, cfg MeasureConfig, stdout io.Writer) error {
 	json, err := outputFormat(cfg.Output)
 	if err != nil {
 		return err
@@ -93,7 +94,7 @@ func Measure(cfg MeasureConfig, stdout io.Writer) error {
 	}
 	var info *measureInfo
 	if outFmt == "qcow2" {
-		info, err = measureQcow2(o, src)
+		info, err = measureQcow2(ctx, o, src)
 	} else {
 		info = measureRaw(o, src)
 	}
@@ -135,7 +136,7 @@ func measureRaw(o *opts, src *measureSource) *measureInfo {
 // allocated image of the (cluster-rounded) virtual size, plus the data
 // clusters the source has (all of them with a backing file or
 // preallocation), plus the source's bitmaps.
-func measureQcow2(o *opts, src *measureSource) (*measureInfo, error) {
+func measureQcow2(ctx context.Context, o *opts, src *measureSource) (*measureInfo, error) {
 	extL2 := o.boolean(optKeyExtendedL2)
 	cs := uint64(65536)
 	if o.has(optKeyClusterSize) {
@@ -194,7 +195,7 @@ func measureQcow2(o *opts, src *measureSource) (*measureInfo, error) {
 			required = virtual
 		} else {
 			var err error
-			if required, err = src.dataBytes(cs); err != nil {
+			if required, err = src.dataBytes(ctx, cs); err != nil {
 				return nil, err
 			}
 		}

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ovis-storage/ovis/block"
@@ -49,10 +50,13 @@ func newMeasureSource(filename string, dev block.Device) (*measureSource, error)
 
 // dataBytes is the data a copy must allocate, in clusters of cs bytes, as
 // qcow2_measure counts it: every cluster that holds data which does not
-// read as zeros, in any layer of the chain.
-func (s *measureSource) dataBytes(cs uint64) (uint64, error) {
+// read as zeros, in any layer of the chain. It stops once ctx is done.
+func (s *measureSource) dataBytes(ctx context.Context, cs uint64) (uint64, error) {
 	var required uint64
 	for off := int64(0); off < s.size; {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 		e, err := s.m.MapAt(off, s.size-off)
 		if err != nil {
 			return 0, fmt.Errorf("Unable to get block status: %s", strerror(err))

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -39,7 +40,7 @@ type RebaseConfig struct {
 // image reads the same afterwards; when the new backing file is in the
 // old chain, only the ranges allocated above it are compared. Then the
 // header names the new backing file.
-func Rebase(cfg RebaseConfig, stdout, stderr io.Writer) error {
+func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) error {
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -60,7 +61,7 @@ func Rebase(cfg RebaseConfig, stdout, stderr io.Writer) error {
 		}
 	}
 	if !cfg.Unsafe {
-		err = rebaseCopy(dev, cfg, prog)
+		err = rebaseCopy(ctx, dev, cfg, prog)
 	}
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -90,8 +91,9 @@ func Rebase(cfg RebaseConfig, stdout, stderr io.Writer) error {
 }
 
 // rebaseCopy is the safe part of rebase: it copies into dev what would
-// change with the new backing file.
-func rebaseCopy(dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
+// change with the new backing file. It stops once ctx is done, before the
+// backing file is changed (Close flushes what was copied).
+func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
 	img, _ := dev.(*qcow2.Image)
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	var oldBacking, newBacking block.Device
@@ -123,6 +125,9 @@ func rebaseCopy(dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
 		step = 100 / float32(size/min(size, compareBuf))
 	}
 	for off := int64(0); off < size; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		n := min(compareBuf, size-off)
 		e, err := img.Extent(off, n)
 		if err != nil {

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -35,7 +36,7 @@ type ResizeConfig struct {
 // Resize changes an image's virtual size as qemu-img resize does: qcow2
 // images through the engine, raw files by truncation, with qemu-img's
 // checks and messages, and prints "Image resized.".
-func Resize(cfg ResizeConfig, stdout, stderr io.Writer) error {
+func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) error {
 	prealloc := cfg.Preallocation
 	switch prealloc {
 	case "":
@@ -67,12 +68,12 @@ func Resize(cfg ResizeConfig, stdout, stderr io.Writer) error {
 	if relative != 0 {
 		total = current + int64(n)*int64(relative)
 	}
-	err = resizeDevice(dev, cfg, current, total, prealloc)
+	err = resizeDevice(ctx, dev, cfg, current, total, prealloc)
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if _, raw := dev.(*block.Raw); raw && err == nil {
-		err = truncateRaw(cfg.Filename, total, prealloc)
+		err = truncateRaw(ctx, cfg.Filename, total, prealloc)
 	}
 	if err != nil {
 		return err
@@ -83,7 +84,7 @@ func Resize(cfg ResizeConfig, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func resizeDevice(dev block.Device, cfg ResizeConfig, current, total int64, prealloc string) error {
+func resizeDevice(ctx context.Context, dev block.Device, cfg ResizeConfig, current, total int64, prealloc string) error {
 	switch {
 	case total <= 0:
 		return errors.New("New image size must be positive")
@@ -99,7 +100,10 @@ func resizeDevice(dev block.Device, cfg ResizeConfig, current, total int64, prea
 		if total%512 != 0 {
 			return errors.New("The new size must be a multiple of 512")
 		}
-		if err := d.Resize(total, cfg.Shrink, prealloc); err != nil {
+		if err := d.ResizeContext(ctx, total, cfg.Shrink, prealloc); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
 			return errors.New(resizeReason(err))
 		}
 		return nil
@@ -117,8 +121,9 @@ func resizeReason(err error) string {
 
 // truncateRaw resizes a raw file to size bytes, as QEMU's file driver
 // does: the new range is a hole, reserved (falloc) or written with zeros
-// (full).
-func truncateRaw(path string, size int64, prealloc string) error {
+// (full). Zero-filling stops once ctx is done; the file is still
+// truncated to size, the rest reading as zeros anyway.
+func truncateRaw(ctx context.Context, path string, size int64, prealloc string) error {
 	if prealloc == qcow2.PreallocMetadata {
 		return fmt.Errorf("Unsupported preallocation mode: %s", prealloc)
 	}
@@ -142,7 +147,7 @@ func truncateRaw(path string, size int64, prealloc string) error {
 			return fmt.Errorf("Failed to resize file: %s", strerror(err))
 		}
 		buf := make([]byte, 1<<20)
-		for off := from; off < size; off += int64(len(buf)) {
+		for off := from; off < size && ctx.Err() == nil; off += int64(len(buf)) {
 			if _, err := f.WriteAt(buf[:min(int64(len(buf)), size-off)], off); err != nil {
 				return fmt.Errorf("Could not write zeros for preallocation: %s", strerror(err))
 			}
@@ -151,5 +156,8 @@ func truncateRaw(path string, size int64, prealloc string) error {
 	if err := f.Truncate(size); err != nil {
 		return fmt.Errorf("Failed to resize file: %s", strerror(err))
 	}
-	return f.Sync()
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return ctx.Err()
 }

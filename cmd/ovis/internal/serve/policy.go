@@ -1,8 +1,6 @@
 package serve
 
 import (
-	"bytes"
-
 	"github.com/ovis-storage/ovis/block"
 )
 
@@ -40,7 +38,7 @@ func withPolicy(d block.Device, discard Discard, zeroes DetectZeroes) block.Devi
 // WriteAt writes p, or zeroes its range when detection is on and p is all
 // zeros.
 func (d policyDevice) WriteAt(p []byte, off int64, fua bool) (int, error) {
-	if d.zeroes == DetectZeroesOff || len(p) == 0 || !allZero(p) {
+	if d.zeroes == DetectZeroesOff || len(p) == 0 || !block.IsZero(p) {
 		return d.Device.WriteAt(p, off, fua)
 	}
 	if err := d.WriteZeroes(off, int64(len(p)), d.zeroes == DetectZeroesUnmap, fua); err != nil {
@@ -61,21 +59,6 @@ func (d policyDevice) Discard(off, n int64) error {
 		return d.Device.Discard(off, n)
 	}
 	return block.CheckRange(off, n, d.Size())
-}
-
-// zeroChunk is compared against, a chunk at a time, by allZero.
-var zeroChunk [64 << 10]byte
-
-// allZero reports whether p holds only zero bytes.
-func allZero(p []byte) bool {
-	for len(p) > 0 {
-		n := min(len(p), len(zeroChunk))
-		if !bytes.Equal(p[:n], zeroChunk[:n]) {
-			return false
-		}
-		p = p[n:]
-	}
-	return true
 }
 
 // ReadNoWait is the device's own (block.NoWaitReader).

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"strings"
@@ -86,25 +85,6 @@ func TestPolicy(t *testing.T) {
 				t.Errorf("calls:\n%s\nwant:\n%s", got, want)
 			}
 		})
-	}
-}
-
-func TestAllZero(t *testing.T) {
-	for _, n := range []int{0, 1, 4095, 64 << 10, 64<<10 + 1, 200 << 10} {
-		b := make([]byte, n)
-		if !allZero(b) {
-			t.Errorf("allZero(%d zeros) = false", n)
-		}
-		if n == 0 {
-			continue
-		}
-		for _, i := range []int{0, n / 2, n - 1} {
-			c := bytes.Clone(b)
-			c[i] = 0x80
-			if allZero(c) {
-				t.Errorf("allZero(%d bytes, byte %d set) = true", n, i)
-			}
-		}
 	}
 }
 
