@@ -3,7 +3,10 @@
 # iodepth 16) from metadata-preallocated 20 GiB and 40 GiB qcow2 images
 # with 64 KiB clusters (one L2 table maps 512 MiB), for several L2 cache
 # sizes, against `ovis nbd` with each eviction policy and against qemu-nbd,
-# in turn within one run. Prints IOPS and the ratio ovis(lru)/qemu per row.
+# in turn within one run. Prints IOPS and the ratio ovis(lru)/qemu per row,
+# and the server CPU time per request of ovis(lru) and qemu-nbd: a figure
+# that a busy machine distorts less than IOPS (the run's CPU time over
+# its requests, ramp included).
 #
 # Variants (VARIANTS, space separated): direct (host cache off, the
 # study's setting), hostcache (page cache on), slice4k
@@ -27,21 +30,27 @@ for g in 20 40; do
 done
 sock=$BENCH_DIR/nbd.sock
 csv=$BENCH_DIR/l2cache.csv
-[ -s "$csv" ] || echo "variant,disk_gib,entries,server,iops" >"$csv"
+header="variant,disk_gib,entries,server,iops,cpu_us_per_req"
+[ -s "$csv" ] && [ "$(head -1 "$csv")" != "$header" ] && csv=$BENCH_DIR/l2cache-cpu.csv
+[ -s "$csv" ] || echo "$header" >"$csv"
 
-# once SERVER-KIND ARGS... ; prints the IOPS of one fio run.
+# once SERVER-KIND ARGS... ; prints IOPS:CPU-µs-PER-REQUEST of one fio run.
 once() {
 	local kind=$1; shift
 	start_server "$kind" "$sock" "$@"
-	fio_iops "$sock" "$RUNTIME" --rw=randread --bs=4k --iodepth=16 || echo 0
+	local t0 t1 iops
+	t0=$(server_cpu_ticks)
+	iops=$(fio_iops "$sock" "$RUNTIME" --rw=randread --bs=4k --iodepth=16 || echo 0)
+	t1=$(server_cpu_ticks)
 	stop_server
+	echo "$iops:$(cpu_us_per_req $((t1 - t0)) "$iops" $((RUNTIME + 1)))"
 }
 
 for variant in $VARIANTS; do
 	echo "== $variant"
 	printf '%-5s %-7s' disk entries
 	for p in $POLICIES; do printf ' %14s' "$p"; done
-	printf ' %10s %7s\n' qemu lru/qemu
+	printf ' %10s %7s %9s %9s\n' qemu lru/qemu "µs lru" "µs qemu"
 	for row in $ROWS; do
 		g=${row%%:*} n=${row##*:}
 		bytes=$((n * 65536))
@@ -62,15 +71,19 @@ for variant in $VARIANTS; do
 			v[qemu]+=" $(once qemu --image-opts \
 				"driver=qcow2,file.driver=file,file.filename=d$g.qcow2,cache.direct=$qdirect,l2-cache-size=$bytes,l2-cache-entry-size=$slice")"
 		done
-		declare -A r=()
+		declare -A r=() c=()
 		for p in $POLICIES qemu; do
-			# shellcheck disable=SC2086
-			r[$p]=$(median ${v[$p]})
+			local_iops=() local_cpu=()
+			for x in ${v[$p]}; do
+				local_iops+=("${x%%:*}") local_cpu+=("${x##*:}")
+			done
+			r[$p]=$(median "${local_iops[@]}")
+			c[$p]=$(median1 "${local_cpu[@]}")
 			[ "$p" = qemu ] || printf ' %14s' "${r[$p]}"
-			echo "$variant,$g,$n,$([ "$p" = qemu ] && echo qemu || echo "ovis-$p"),${r[$p]}" >>"$csv"
+			echo "$variant,$g,$n,$([ "$p" = qemu ] && echo qemu || echo "ovis-$p"),${r[$p]},${c[$p]}" >>"$csv"
 		done
 		q=${r[qemu]}
-		printf ' %10s %7s\n' "$q" "$(ratio "${r[lru]:-0}" "$q")"
+		printf ' %10s %7s %9s %9s\n' "$q" "$(ratio "${r[lru]:-0}" "$q")" "${c[lru]:-n/a}" "${c[qemu]}"
 	done
 done
 echo "csv: $csv"

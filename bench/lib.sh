@@ -60,9 +60,26 @@ fio_iops() {
 		python3 -c 'import json,sys; j=json.loads((lambda t: t[t.index("{"):])(sys.stdin.read()))["jobs"]; print(round(sum(x["read"]["iops"]+x["write"]["iops"] for x in j)))'
 }
 
+# server_cpu_ticks — the CPU time (user+system, all threads) the running
+# server has used so far, in clock ticks.
+server_cpu_ticks() {
+	awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"
+}
+
+# cpu_us_per_req TICKS IOPS SECONDS — server CPU microseconds per request,
+# from the ticks a run of SECONDS at IOPS used.
+cpu_us_per_req() {
+	python3 -c "import os; t=$1/os.sysconf('SC_CLK_TCK'); n=$2*$3; print(f'{t*1e6/n:.1f}' if n else 'n/a')"
+}
+
 # median N... — the median of its arguments.
 median() {
 	printf '%s\n' "$@" | sort -n | python3 -c 'import sys; v=[float(l) for l in sys.stdin if l.strip()]; v.sort(); n=len(v); print(round(v[n//2] if n%2 else (v[n//2-1]+v[n//2])/2))'
+}
+
+# median1 N... — the median of its arguments, to one decimal.
+median1() {
+	printf '%s\n' "$@" | python3 -c 'import sys; v=sorted(float(l) for l in sys.stdin if l.strip() and l.strip() != "n/a"); n=len(v); print("n/a" if not n else f"{(v[n//2] if n%2 else (v[n//2-1]+v[n//2])/2):.1f}")'
 }
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }

@@ -246,6 +246,41 @@ func TestStructuredRead(t *testing.T) {
 		}
 	}
 
+	// Short reads that the reader answers itself: zeros, a hole or
+	// written zeros, go out as one hole chunk unless DF or shorter than
+	// minHole; data as one data chunk.
+	zeros := make([]byte, 8<<10)
+	w.request(0, cmdWrite, 5, 320<<10, uint32(len(zeros)), zeros)
+	if r := w.mustReply(0, 0); r.errno != 0 {
+		t.Fatal(r.errno)
+	}
+	for _, tc := range []struct {
+		name  string
+		flags cmdFlags
+		off   uint64
+		n     uint32
+		hole  bool // one hole chunk, else one data chunk
+	}{
+		{"hole", 0, 0, 4 << 10, true},
+		{"written zeros", 0, 320 << 10, 8 << 10, true},
+		{"hole DF", cmdFlagDF, 0, 4 << 10, false},
+		{"short hole", 0, 0, 2 << 10, false},
+		{"data", 0, 128 << 10, 4 << 10, false},
+	} {
+		w.request(tc.flags, cmdRead, 6, tc.off, tc.n, nil)
+		r := w.mustReply(int(tc.n), tc.off)
+		if r.errno != 0 || !bytes.Equal(r.data, want[tc.off:tc.off+uint64(tc.n)]) {
+			t.Fatalf("%s: errno %v, data equal %v", tc.name, r.errno, bytes.Equal(r.data, want[tc.off:tc.off+uint64(tc.n)]))
+		}
+		typ := replyTypeOffsetData
+		if tc.hole {
+			typ = replyTypeOffsetHole
+		}
+		if len(r.chunks) != 1 || r.chunks[0].typ != typ {
+			t.Errorf("%s: %d chunks, first of type %d; want one of type %d", tc.name, len(r.chunks), r.chunks[0].typ, typ)
+		}
+	}
+
 	// Block status: one chunk per context, REQ_ONE gives one extent.
 	for _, reqOne := range []bool{false, true} {
 		var fl cmdFlags
