@@ -330,7 +330,9 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 				return fmt.Errorf("qcow2: a snapshot with ID %q already exists", id)
 			}
 		}
-		sn := Snapshot{ID: id, Name: name, DateSec: dateSec, DateNsec: dateNsec, ICount: -1,
+		// ICount 0, not -1 (absent): qemu-img's snapshot -c zeroes its
+		// record and so writes an icount of 0, and info lists it.
+		sn := Snapshot{ID: id, Name: name, DateSec: dateSec, DateNsec: dateNsec, ICount: 0,
 			DiskSize: uint64(img.size), HasDiskSize: img.v3, L1Size: uint32(len(img.l1))}
 		if err := sn.checkEncodable(); err != nil {
 			return err
@@ -481,8 +483,9 @@ func (img *Image) ApplySnapshot(idOrName string) error {
 
 // Resize changes the virtual size, as qemu-img resize does. Growing may
 // grow the L1 table; prealloc (off, metadata, falloc, full) applies to the
-// new range. Shrinking needs shrink and drops everything past the new end.
-// Images with internal snapshots cannot be resized, as in QEMU.
+// new range. Shrinking needs shrink and drops everything past the new end
+// from the active layer; internal snapshots keep their own size and data.
+// Version 2 images with snapshots cannot be resized, as in QEMU.
 func (img *Image) Resize(size int64, shrink bool, prealloc string) error {
 	return img.ResizeContext(context.Background(), size, shrink, prealloc)
 }
@@ -496,8 +499,9 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 	}
 	old := img.size
 	err := img.exclusive(func() error {
-		if len(img.snapshots) > 0 {
-			return fmt.Errorf("Can't resize an image which has snapshots")
+		if len(img.snapshots) > 0 && !img.v3 {
+			// Version 2 snapshot entries carry no disk size.
+			return errors.New("Can't resize a v2 image which has snapshots")
 		}
 		if size == img.size {
 			return nil
@@ -505,6 +509,9 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 		if size < img.size {
 			if !shrink {
 				return fmt.Errorf("qcow2: shrinking from %d to %d bytes needs shrink", img.size, size)
+			}
+			if err := img.unshareTailLocked(size); err != nil {
+				return err
 			}
 			return img.shrinkLocked(size)
 		}

@@ -3,8 +3,6 @@ package qcow2
 import (
 	"bytes"
 	"math/rand"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -114,18 +112,7 @@ func TestCompressorWritePrecompressed(t *testing.T) {
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
 			}
-			qemuCheck(t, path)
-			out, err := exec.Command("qemu-img", "convert", "-O", "raw", path, path+".raw").CombinedOutput()
-			if err != nil {
-				t.Fatalf("qemu-img convert: %v\n%s", err, out)
-			}
-			b, err := os.ReadFile(path + ".raw")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(b, model) {
-				t.Fatal("qemu-img reads other bytes than were written")
-			}
+			qemuReadsAs(t, path, model)
 		})
 	}
 }

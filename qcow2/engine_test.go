@@ -19,6 +19,24 @@ func qemuCheck(t *testing.T, path string) {
 	}
 }
 
+// qemuReadsAs requires the image at path to pass qemu-img check and to
+// read as want through qemu-img convert.
+func qemuReadsAs(t *testing.T, path string, want []byte) {
+	t.Helper()
+	qemuCheck(t, path)
+	out, err := exec.Command("qemu-img", "convert", "-O", "raw", path, path+".raw").CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-img convert: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(path + ".raw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatal("qemu-img reads other bytes than were written")
+	}
+}
+
 func TestEngineSmoke(t *testing.T) {
 	for _, tc := range []struct {
 		name string

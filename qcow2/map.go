@@ -50,15 +50,16 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 					step = min(img.clusterSize-in, off+n-pos)
 				} else {
 					i := int(in / img.subSize)
-					kind, host := img.sub(m, i)
-					cl.kind = kind
-					if h, ok := img.host(m); ok && (kind == kindData || kind == kindZero) {
+					cl.kind, _ = img.sub(m, i)
+					// An unallocated subcluster of an allocated cluster
+					// has a host offset too, which QEMU reports when no
+					// backing file answers for it.
+					if h, ok := img.host(m); ok {
 						if h%uint64(img.clusterSize) != 0 {
 							return corruptf("L2 entry for guest offset %#x: host offset %#x is not cluster aligned", c<<img.clusterBits, h)
 						}
 						cl.hasHost = true
 						cl.host = h + uint64(in)
-						_ = host
 					}
 				}
 			}
@@ -96,6 +97,9 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 		}
 	case kindUnalloc:
 		me.Zero = true
+		if first.hasHost {
+			me.Offset = int64(first.host)
+		}
 		if img.backing == nil {
 			return me, nil
 		}

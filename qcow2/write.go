@@ -565,11 +565,8 @@ func (img *Image) planRunLocked(c0, in int64, p []byte) (runPlan, chan struct{},
 		plan.kind = runFresh
 		// The run stays inside one L2 slice: its entries are set in one
 		// table, which planning and linking find cached.
-		// Half a refcount block's range at most: a new refcount block
-		// takes the first cluster of its range, so allocRunLocked never
-		// finds a run as long as the whole range.
 		_, idx, _ := img.l2SlotLocked(c0)
-		limit := min(img.slEntries-idx%img.slEntries, max(img.rcPerBlock/2, 1))
+		limit := img.slEntries - idx%img.slEntries
 		for plan.clusters < limit {
 			m, k, ok, err := next(plan.clusters, plan.n)
 			if err != nil {

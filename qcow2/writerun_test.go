@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -155,18 +154,7 @@ func TestWriteRunOneHostRun(t *testing.T) {
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
 			}
-			qemuCheck(t, path)
-			raw, err := exec.Command("qemu-img", "convert", "-O", "raw", path, path+".raw").CombinedOutput()
-			if err != nil {
-				t.Fatalf("qemu-img convert: %v\n%s", err, raw)
-			}
-			b, err := os.ReadFile(path + ".raw")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(b, model) {
-				t.Fatal("qemu-img reads other bytes than were written")
-			}
+			qemuReadsAs(t, path, model)
 		})
 	}
 }
@@ -336,18 +324,7 @@ func TestWriteRunConcurrentOverlap(t *testing.T) {
 			if err := img.Close(); err != nil {
 				t.Fatal(err)
 			}
-			qemuCheck(t, path)
-			out, err := exec.Command("qemu-img", "convert", "-O", "raw", path, path+".raw").CombinedOutput()
-			if err != nil {
-				t.Fatalf("qemu-img convert: %v\n%s", err, out)
-			}
-			qgot, err := os.ReadFile(path + ".raw")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(qgot, got) {
-				t.Fatal("qemu-img reads other bytes than ovis")
-			}
+			qemuReadsAs(t, path, got)
 		})
 	}
 }

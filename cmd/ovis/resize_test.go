@@ -26,13 +26,16 @@ func TestResizeMatchesQemu(t *testing.T) {
 	tests := []struct {
 		name, create string
 		seq          []string
+		snapshot     bool // take a snapshot after the first writes, then write more
 	}{
-		{"qcow2", "-f qcow2 a.qcow2 64M", seqQcow2},
-		{"qcow2 4k clusters", "-f qcow2 -o cluster_size=4k a.qcow2 64M", seqQcow2[:9]},
-		{"qcow2 v2", "-f qcow2 -o compat=0.10 a.qcow2 64M", seqQcow2[:9]},
-		{"qcow2 extended l2", "-f qcow2 -o extended_l2=on a.qcow2 64M", seqQcow2},
-		{"qcow2 data file", "-f qcow2 -o data_file=a.data a.qcow2 64M", seqQcow2[:9]},
-		{"raw", "-f raw a.raw 64M", seqRaw},
+		{"qcow2", "-f qcow2 a.qcow2 64M", seqQcow2, false},
+		{"qcow2 4k clusters", "-f qcow2 -o cluster_size=4k a.qcow2 64M", seqQcow2[:9], false},
+		{"qcow2 v2", "-f qcow2 -o compat=0.10 a.qcow2 64M", seqQcow2[:9], false},
+		{"qcow2 extended l2", "-f qcow2 -o extended_l2=on a.qcow2 64M", seqQcow2, false},
+		{"qcow2 data file", "-f qcow2 -o data_file=a.data a.qcow2 64M", seqQcow2[:9], false},
+		{"raw", "-f raw a.raw 64M", seqRaw, false},
+		{"qcow2 with a snapshot", "-f qcow2 a.qcow2 64M", seqQcow2, true},
+		{"qcow2 v2 with a snapshot", "-f qcow2 -o compat=0.10 a.qcow2 64M", seqQcow2[:9], true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -42,12 +45,23 @@ func TestResizeMatchesQemu(t *testing.T) {
 			if strings.HasSuffix(name, ".raw") {
 				format = "raw"
 			}
-			qdir, odir := twinDirs(t, qemuCreateStep(tt.create,
-				run("qemu-io", "-f", format, "-c", "write -P 1 0 1M", "-c", "write -P 2 30M 2M", "-c", "write -P 3 63M 1M", name)))
+			steps := []step{run("qemu-io", "-f", format, "-c", "write -P 1 0 1M", "-c", "write -P 2 30M 2M", "-c", "write -P 3 63M 1M", name)}
+			if tt.snapshot {
+				steps = append(steps, run("qemu-img", "snapshot", "-c", "s1", name),
+					run("qemu-io", "-f", format, "-c", "write -P 4 30M 1M", "-c", "write -P 5 63M 64k", name))
+			}
+			qdir, odir := twinDirs(t, qemuCreateStep(tt.create, steps...))
 			for _, a := range tt.seq {
 				bothRun(t, qdir, odir, append([]string{"resize"}, strings.Fields(a)...))
 			}
 			sameImages(t, qdir, odir, name)
+			if tt.snapshot {
+				// The snapshot keeps its size and data in both.
+				for _, dir := range []string{qdir, odir} {
+					run("qemu-img", "snapshot", "-a", "s1", name)(t, dir)
+				}
+				sameImages(t, qdir, odir, name)
+			}
 		})
 	}
 }

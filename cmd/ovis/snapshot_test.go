@@ -80,10 +80,9 @@ func TestSnapshotCycle(t *testing.T) {
 	}
 }
 
-// snapshotRowRE matches the date, clock and icount columns of a snapshot
-// table row, which depend on when and by whom the snapshot was taken
-// (QEMU records an icount of 0, the engine none: see the report).
-var snapshotRowRE = regexp.MustCompile(`(?m)\d{4}-\d\d-\d\d \d\d:\d\d:\d\d.*$`)
+// snapshotRowRE matches the date column of a snapshot table row, which
+// depends on when the snapshot was taken.
+var snapshotRowRE = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d`)
 
 // TestSnapshotCreateMatchesQemu creates the same snapshots with each tool
 // on twin images and requires the same tables (but for the time of
