@@ -1,6 +1,10 @@
 package qcow2
 
-import "github.com/ovis-storage/ovis/block"
+import (
+	"sort"
+
+	"github.com/ovis-storage/ovis/block"
+)
 
 // A cluster the L2 table maps can still be a hole in the host file: after
 // preallocation=metadata, or under a raw data file that was never written.
@@ -8,15 +12,18 @@ import "github.com/ovis-storage/ovis/block"
 // read of it go out as a hole without reading the disk, as QEMU does.
 //
 // Finding out costs an lseek, which profiles of all-hit random reads put
-// at a tenth of the server's CPU, so the last run found is remembered
-// (as QEMU's block-status cache does, though QEMU keeps only data runs).
+// at a tenth of the server's CPU, so the runs found are remembered (as
+// QEMU's block-status cache does, though QEMU keeps only one data run).
+// There are many: a metadata-preallocated image has one hole per L2 table,
+// between the table and the next. The set is copied on insert and read
+// without a lock.
 //
 // A data run never goes stale: ovis never punches holes in, or shrinks,
 // the files of an open image, so data stays data. A hole run goes stale
 // when a write fills part of it. Every write of guest data or compressed
 // clusters goes through writeHost, which bumps hostGen before and after
-// the write; a hole run is used only while hostGen is what it was before
-// the lseek that found it. Bumping before the write keeps a hole found
+// the write; hole runs are used only while hostGen is what it was before
+// the lseeks that found them. Bumping before the write keeps a hole found
 // during the write from being trusted after it (the lseek may or may not
 // see the write); bumping after keeps one found just before the write
 // from outliving it. A read overlapping an unfinished write may see
@@ -28,28 +35,92 @@ import "github.com/ovis-storage/ovis/block"
 type hostRun struct {
 	lo, hi int64
 	hole   bool
-	gen    uint64 // hostGen when the run was found (holes only)
 }
+
+// hostRuns is an immutable set of runs, sorted by hi. Its hole runs hold
+// while hostGen is gen.
+type hostRuns struct {
+	gen  uint64
+	runs []hostRun
+}
+
+// maxHostRuns bounds the set; a full set starts over.
+const maxHostRuns = 1024
 
 // hostHole reports whether host offset off of the data file starts a hole
 // and how long the hole, or the data run, is within n bytes.
 func (img *Image) hostHole(off, n int64) (bool, int64) {
-	if r := img.hostRun.Load(); r != nil && r.lo <= off && off < r.hi {
-		if !r.hole {
-			if off+n <= r.hi {
-				return false, n
+	gen := img.hostGen.Load()
+	if rs := img.hostRuns.Load(); rs != nil {
+		i := sort.Search(len(rs.runs), func(i int) bool { return rs.runs[i].hi > off })
+		if i < len(rs.runs) && rs.runs[i].lo <= off {
+			r := rs.runs[i]
+			if !r.hole {
+				return false, min(n, r.hi-off)
 			}
-		} else if r.gen == img.hostGen.Load() {
-			return true, min(n, r.hi-off)
+			if rs.gen == gen {
+				return true, min(n, r.hi-off)
+			}
 		}
 	}
-	gen := img.hostGen.Load()
+	img.hostLookups.Add(1)
 	hole, end, ok := block.FileRun(img.data, off)
 	if !ok {
 		return false, n
 	}
-	img.hostRun.Store(&hostRun{lo: off, hi: end, hole: hole, gen: gen})
+	img.addHostRun(hostRun{lo: off, hi: end, hole: hole}, gen)
 	return hole, min(n, end-off)
+}
+
+// addHostRun remembers r, found by an lseek made while hostGen was gen.
+func (img *Image) addHostRun(r hostRun, gen uint64) {
+	img.hostRunsMu.Lock()
+	defer img.hostRunsMu.Unlock()
+	old := img.hostRuns.Load()
+	next := &hostRuns{gen: gen}
+	if old != nil {
+		switch {
+		case old.gen == gen:
+			next.runs = old.runs
+		case old.gen > gen:
+			// A write came after this lookup began: r may be stale
+			// if it is a hole, and the set is newer.
+			if r.hole {
+				return
+			}
+			next.gen = old.gen
+			next.runs = old.runs
+		default:
+			// Writes came since the set was made: its holes are stale.
+			for _, o := range old.runs {
+				if !o.hole {
+					next.runs = append(next.runs, o)
+				}
+			}
+		}
+	}
+	runs := next.runs
+	i := sort.Search(len(runs), func(i int) bool { return runs[i].hi >= r.hi })
+	if i < len(runs) && runs[i].hi == r.hi && runs[i].hole == r.hole {
+		// The same run, found from further down: lseek tells where a
+		// run ends, not where it starts.
+		if runs[i].lo <= r.lo {
+			return
+		}
+	}
+	out := make([]hostRun, 0, len(runs)+1)
+	if len(runs) < maxHostRuns {
+		out = append(out, runs[:i]...)
+		out = append(out, r)
+		if i < len(runs) && runs[i].hi == r.hi && runs[i].hole == r.hole {
+			i++
+		}
+		out = append(out, runs[i:]...)
+	} else {
+		out = append(out, r)
+	}
+	next.runs = out
+	img.hostRuns.Store(next)
 }
 
 // writeHost writes p at host offset off of f (the data file, or the image

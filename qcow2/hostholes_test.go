@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // TestReadNoWait: whatever ReadNoWait serves equals ReadAt, on an image
@@ -191,5 +194,56 @@ func TestHostHoleRunGoesStale(t *testing.T) {
 		if err := check(c, p, true, how); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestHostRunsRemembered: on a metadata-preallocated image made by
+// qemu-img, whose L2 tables sit between the runs they map (so the file
+// has one hole per table), block status finds each hole once: a second
+// sweep in another order makes no lseek. A write makes the holes stale;
+// the next sweep looks again and sees the written cluster as data.
+func TestHostRunsRemembered(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a.qcow2")
+	const size, cs = 64 << 20, 4096
+	out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-o",
+		"preallocation=metadata,cluster_size=4096", path, "64M").CombinedOutput()
+	if err != nil {
+		t.Fatalf("qemu-img create: %v\n%s", err, out)
+	}
+	img, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	sweep := func(data int64) {
+		t.Helper()
+		for _, c := range rng.Perm(size / cs) {
+			off := int64(c) * cs
+			e, err := img.Extent(off, cs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if isData := e.Status&block.StatusZero == 0; isData != (off == data) {
+				t.Fatalf("guest offset %#x: extent %+v", off, e)
+			}
+		}
+	}
+	sweep(-1)
+	first := img.hostLookups.Load()
+	if n := len(img.hostRuns.Load().runs); n < 16 {
+		t.Fatalf("%d runs remembered after a sweep; the file has a hole per L2 table (32)", n)
+	}
+	sweep(-1)
+	if again := img.hostLookups.Load() - first; again != 0 {
+		t.Fatalf("a second sweep made %d lseeks (the first %d)", again, first)
+	}
+	if _, err := img.WriteAt(bytes.Repeat([]byte{1}, cs), 5*cs, false); err != nil {
+		t.Fatal(err)
+	}
+	before := img.hostLookups.Load()
+	sweep(5 * cs)
+	if img.hostLookups.Load() == before {
+		t.Fatal("no lseek after a write made the remembered holes stale")
 	}
 }

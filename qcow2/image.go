@@ -123,11 +123,14 @@ type Image struct {
 	users      map[uint64]int
 	usersCond  *sync.Cond
 
-	// hostRun is the last run of the data file found to be data or a
-	// hole, and hostGen counts the writes that can fill holes
-	// (hostholes.go).
-	hostRun atomic.Pointer[hostRun]
-	hostGen atomic.Uint64
+	// hostRuns are runs of the data file found to be data or holes, and
+	// hostGen counts the writes that can fill holes (hostholes.go).
+	// hostRunsMu (a leaf lock) serialises the copies made to insert into
+	// hostRuns; hostLookups counts the lseeks made to find runs.
+	hostRuns    atomic.Pointer[hostRuns]
+	hostGen     atomic.Uint64
+	hostRunsMu  sync.Mutex
+	hostLookups atomic.Int64
 }
 
 // enterLocked registers data I/O about to use a mapping just looked up.
