@@ -124,7 +124,6 @@ func h2errno(err error) error {
 // zeros. It returns the entries, the table's size, how many snapshots it
 // dropped and how many entries lost extra data (both only with repair).
 func (img *Image) readSnapshotsForCheck(res *CheckResult, off uint64, nb int, repair bool) (snaps []Snapshot, size int64, reduced, dropped int, err error) {
-	be := binary.BigEndian
 	pos := off
 	var tableLen uint64
 	for i := 0; i < nb; i++ {
@@ -136,17 +135,8 @@ func (img *Image) readSnapshotsForCheck(res *CheckResult, off uint64, nb int, re
 			return nil, 0, 0, 0, fmt.Errorf("Failed to read snapshot table: %w", err)
 		}
 		pos += snapshotFixedLen
-		s := Snapshot{
-			L1TableOffset: be.Uint64(fixed[0:]),
-			L1Size:        be.Uint32(fixed[8:]),
-			DateSec:       be.Uint32(fixed[16:]),
-			DateNsec:      be.Uint32(fixed[20:]),
-			VMClockNsec:   be.Uint64(fixed[24:]),
-			VMStateSize:   uint64(be.Uint32(fixed[32:])),
-			ICount:        -1,
-		}
-		idLen, nameLen := uint64(be.Uint16(fixed[12:])), uint64(be.Uint16(fixed[14:]))
-		extraLen := uint64(be.Uint32(fixed[36:]))
+		s, id16, name16, extra32 := decodeSnapshotFixed(fixed)
+		idLen, nameLen, extraLen := uint64(id16), uint64(name16), uint64(extra32)
 		end := pos + extraLen
 		if extraLen > maxSnapshotExtra {
 			if !repair {
@@ -164,16 +154,9 @@ func (img *Image) readSnapshotsForCheck(res *CheckResult, off uint64, nb int, re
 			return nil, 0, 0, 0, fmt.Errorf("Failed to read snapshot table: %w", err)
 		}
 		pos = end
-		if extraLen >= extraVMStateSize+8 {
-			s.VMStateSize = be.Uint64(s.Extra[extraVMStateSize:])
-		}
-		if extraLen >= extraDiskSize+8 {
-			s.DiskSize, s.HasDiskSize = be.Uint64(s.Extra[extraDiskSize:]), true
-		} else {
+		s.decodeExtra()
+		if !s.HasDiskSize {
 			s.DiskSize = uint64(img.size)
-		}
-		if extraLen >= extraICount+8 {
-			s.ICount = int64(be.Uint64(s.Extra[extraICount:]))
 		}
 		strs, err := img.readZeroFilled(pos, int64(idLen+nameLen))
 		if err != nil {

@@ -115,7 +115,6 @@ func parseSnapshotTable(r io.ReaderAt, off uint64, n uint32, clusterSize, fileSi
 	}
 	t.br = bufio.NewReaderSize(io.NewSectionReader(r, int64(off), t.limit), int(min(t.limit, 64<<10)))
 
-	be := binary.BigEndian
 	snaps := make([]Snapshot, 0, n)
 	var fixed [snapshotFixedLen]byte
 	var strs []byte // ID and name of the entry being read
@@ -129,18 +128,7 @@ func parseSnapshotTable(r io.ReaderAt, off uint64, n uint32, clusterSize, fileSi
 		if err := t.read(fixed[:], snapshotFixedLen); err != nil {
 			return nil, err
 		}
-		s := Snapshot{
-			L1TableOffset: be.Uint64(fixed[0:]),
-			L1Size:        be.Uint32(fixed[8:]),
-			DateSec:       be.Uint32(fixed[16:]),
-			DateNsec:      be.Uint32(fixed[20:]),
-			VMClockNsec:   be.Uint64(fixed[24:]),
-			VMStateSize:   uint64(be.Uint32(fixed[32:])),
-			ICount:        -1,
-		}
-		idLen := int64(be.Uint16(fixed[12:]))
-		nameLen := int64(be.Uint16(fixed[14:]))
-		extraLen := int64(be.Uint32(fixed[36:]))
+		s, idLen, nameLen, extraLen := decodeSnapshotFixed(fixed[:])
 		if extraLen > maxSnapshotExtra {
 			return nil, corruptf("snapshot %d at %#x: %d bytes of extra data exceed %d", i, at, extraLen, maxSnapshotExtra)
 		}
@@ -166,16 +154,7 @@ func parseSnapshotTable(r io.ReaderAt, off uint64, n uint32, clusterSize, fileSi
 		s.ID = string(strs[:idLen])
 		s.Name = string(strs[idLen:])
 
-		if extraLen >= extraVMStateSize+8 {
-			s.VMStateSize = be.Uint64(s.Extra[extraVMStateSize:])
-		}
-		if extraLen >= extraDiskSize+8 {
-			s.DiskSize = be.Uint64(s.Extra[extraDiskSize:])
-			s.HasDiskSize = true
-		}
-		if extraLen >= extraICount+8 {
-			s.ICount = int64(be.Uint64(s.Extra[extraICount:]))
-		}
+		s.decodeExtra()
 
 		if err := checkSnapshotL1(&s, i, at, clusterSize, fileSize); err != nil {
 			return nil, err
@@ -329,6 +308,38 @@ func (s *Snapshot) checkEncodable() error {
 		return fmt.Errorf("qcow2: %d bytes of snapshot extra data exceed %d", len(s.Extra), maxSnapshotExtra)
 	}
 	return nil
+}
+
+// decodeSnapshotFixed decodes the fixed part of a snapshot table entry
+// and returns the lengths of what follows it.
+func decodeSnapshotFixed(fixed []byte) (s Snapshot, idLen, nameLen, extraLen int64) {
+	be := binary.BigEndian
+	s = Snapshot{
+		L1TableOffset: be.Uint64(fixed[0:]),
+		L1Size:        be.Uint32(fixed[8:]),
+		DateSec:       be.Uint32(fixed[16:]),
+		DateNsec:      be.Uint32(fixed[20:]),
+		VMClockNsec:   be.Uint64(fixed[24:]),
+		VMStateSize:   uint64(be.Uint32(fixed[32:])),
+		ICount:        -1,
+	}
+	return s, int64(be.Uint16(fixed[12:])), int64(be.Uint16(fixed[14:])), int64(be.Uint32(fixed[36:]))
+}
+
+// decodeExtra sets the fields s.Extra carries, as far as it is long
+// enough to carry them.
+func (s *Snapshot) decodeExtra() {
+	be := binary.BigEndian
+	n := len(s.Extra)
+	if n >= extraVMStateSize+8 {
+		s.VMStateSize = be.Uint64(s.Extra[extraVMStateSize:])
+	}
+	if n >= extraDiskSize+8 {
+		s.DiskSize, s.HasDiskSize = be.Uint64(s.Extra[extraDiskSize:]), true
+	}
+	if n >= extraICount+8 {
+		s.ICount = int64(be.Uint64(s.Extra[extraICount:]))
+	}
 }
 
 // encodeExtra returns the extra data of s for an image of the given
