@@ -244,14 +244,7 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 						checkOvisRebuild(t, v, qdir, odir, out)
 						return
 					}
-					args := []string{"check", "-r", mode}
-					switch out {
-					case "json":
-						args = append(args, "--output=json")
-					case "quiet":
-						args = append(args, "-q")
-					}
-					args = append(args, "a.qcow2")
+					args := repairArgs(mode, out)
 					q := qemuImg(t, qdir, args...)
 					o := ovisImg(t, odir, args...)
 					sameResult(t, strings.Join(args, " "), q, o)
@@ -292,19 +285,25 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 	}
 }
 
-// checkOvisRebuild is -r all on a variant where qemu-img fails
-// (qemuAllFails): qemu-img must still fail, and ovis must leave a clean
-// image that reads as the damaged one.
-func checkOvisRebuild(t *testing.T, v checkVariant, qdir, odir, out string) {
-	t.Helper()
-	args := []string{"check", "-r", "all"}
+// repairArgs is `check -r MODE` on a.qcow2 with the output form out
+// (human, json or quiet).
+func repairArgs(mode, out string) []string {
+	args := []string{"check", "-r", mode}
 	switch out {
 	case "json":
 		args = append(args, "--output=json")
 	case "quiet":
 		args = append(args, "-q")
 	}
-	args = append(args, "a.qcow2")
+	return append(args, "a.qcow2")
+}
+
+// checkOvisRebuild is -r all on a variant where qemu-img fails
+// (qemuAllFails): qemu-img must still fail, and ovis must leave a clean
+// image that reads as the damaged one.
+func checkOvisRebuild(t *testing.T, v checkVariant, qdir, odir, out string) {
+	t.Helper()
+	args := repairArgs("all", out)
 	q := qemuImg(t, qdir, args...)
 	if q.code != 1 || !strings.Contains(q.stderr, v.qemuAllFails) {
 		t.Errorf("qemu-img %s: exit %d, want 1 and %q (the documented difference is gone?)\n%s", strings.Join(args, " "), q.code, v.qemuAllFails, q.stderr)
