@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -110,6 +111,7 @@ func repairing(fixing bool) string {
 // recording problems instead of failing on them (QEMU's
 // calculate_refcounts).
 type checker struct {
+	ctx      context.Context
 	img      *Image
 	res      *CheckResult
 	fix      RepairMode
@@ -183,6 +185,10 @@ func (k *checker) l1(off uint64, size uint32, active bool) error {
 			k.res.msg("ERROR l2_offset=%x: Table is not cluster aligned; L1 entry corrupted", l2off)
 		}
 		if err := k.l2(l2off, active); err != nil {
+			return err
+		}
+		// Between tables: a repair of one (zeroEntry) is complete.
+		if err := k.ctx.Err(); err != nil {
 			return err
 		}
 	}
@@ -379,16 +385,23 @@ func (k *checker) refblocks() error {
 
 // calculate counts the references of every cluster: header, active L1
 // and its tables, snapshots, refcount table, bitmaps, refcount blocks.
-func (img *Image) calculateLocked(res *CheckResult, fix RepairMode) (*checker, error) {
+func (img *Image) calculateLocked(ctx context.Context, res *CheckResult, fix RepairMode) (*checker, error) {
 	fileSize, err := img.file.Size()
 	if err != nil {
 		return nil, fmt.Errorf("qcow2: check: file size: %w", err)
 	}
 	cs := img.clusterSize
-	k := &checker{img: img, res: res, fix: fix, fileSize: fileSize, refs: make([]uint64, (fileSize+cs-1)/cs)}
+	k := &checker{ctx: ctx, img: img, res: res, fix: fix, fileSize: fileSize, refs: make([]uint64, (fileSize+cs-1)/cs)}
 	k.inc(0, cs)
 	if err := k.l1(img.hdr.L1TableOffset, img.hdr.L1Size, true); err != nil {
 		return nil, err
+	}
+	// Snapshots share no data clusters with an external data file, so
+	// QEMU counts their mere presence as one corruption (and still walks
+	// their tables).
+	if img.hasDataFile && len(img.snapshots) > 0 {
+		res.Corruptions++
+		res.msg("ERROR %d snapshots in image with data file", len(img.snapshots))
 	}
 	for _, s := range img.snapshots {
 		if s.L1TableOffset%uint64(cs) != 0 {
@@ -527,6 +540,13 @@ func (k *checker) compare(fix RepairMode) (int64, error) {
 		case rc < ref:
 			word = "ERROR"
 		}
+		if fixed != nil {
+			// Each repair is one refcount (and the freed cluster's
+			// zeroing): stopping between them leaves leaks at worst.
+			if err := k.ctx.Err(); err != nil {
+				return highest, k.stopCompare(live, err)
+			}
+		}
 		res.msg("%s cluster %d refcount=%d reference=%d", word, i, rc, ref)
 		if fixed != nil {
 			if err := live.set(i, ref); err == nil {
@@ -557,6 +577,17 @@ func (k *checker) compare(fix RepairMode) (int64, error) {
 	return highest, nil
 }
 
+// stopCompare syncs the refcount repairs made so far and returns err, the
+// context's error that stopped compare.
+func (k *checker) stopCompare(live *liveRefcounts, err error) error {
+	if len(live.blocks) > 0 {
+		if serr := k.img.file.Sync(); serr != nil {
+			return fmt.Errorf("qcow2: syncing refcount repairs: %w", serr)
+		}
+	}
+	return err
+}
+
 // Check verifies the image's metadata as qemu-img check does, and repairs
 // it with RepairLeaks or RepairAll (the image must be open read-write),
 // following QEMU's qcow2_check_refcounts: count, compare, then either
@@ -568,6 +599,19 @@ func (k *checker) compare(fix RepairMode) (int64, error) {
 // Dirty cached metadata is flushed first. It returns ErrNeedRebuild when
 // RepairLeaks meets damage only a rebuild repairs.
 func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
+	return img.CheckContext(context.Background(), repair)
+}
+
+// CheckContext is Check that stops once ctx is done, returning ctx's
+// error with the result so far. It stops only between repairs, each of
+// which leaves the image consistent: a refcount, an L2 table's COPIED
+// flags, a whole refcount rebuild or snapshot table rewrite. A stop
+// leaves what was not repaired yet as it was, and at worst leaks
+// clusters (the old structures of a rebuild not freed yet).
+func (img *Image) CheckContext(ctx context.Context, repair RepairMode) (*CheckResult, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if repair != RepairNone && img.ro {
 		return nil, errReadOnly
 	}
@@ -592,7 +636,10 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 		err = img.checkReadSnapshotsLocked(res, &sres, repair)
 	}
 	if err == nil {
-		err = img.checkRefcountsLocked(res, repair)
+		err = ctx.Err()
+	}
+	if err == nil {
+		err = img.checkRefcountsLocked(ctx, res, repair)
 	}
 	if repair != RepairNone {
 		// Repairs went around the caches (which the flush left clean):
@@ -602,14 +649,18 @@ func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
 		img.freeHint, img.runHint, img.compTail = 1, 0, 0
 	}
 	if err == nil && img.forCheck {
-		err = img.checkFixSnapshotsLocked(res, &sres, repair)
+		if err = ctx.Err(); err == nil {
+			err = img.checkFixSnapshotsLocked(res, &sres, repair)
+		}
 	}
 	res.CheckErrors += sres.CheckErrors
 	res.Corruptions += sres.Corruptions
 	res.Leaks += sres.Leaks
 	res.CorruptionsFixed += sres.CorruptionsFixed
 	res.LeaksFixed += sres.LeaksFixed
-	if repair != RepairNone {
+	// A stopped repair keeps the dirty bit: the refcounts it did not
+	// reach may still be too low, as a killed qemu-img leaves them.
+	if repair != RepairNone && (err == nil || ctx.Err() == nil) {
 		clean := err == nil && res.CheckErrors == 0 && res.Corruptions == 0
 		if merr := img.markCheckedLocked(clean); err == nil {
 			err = merr
@@ -638,8 +689,8 @@ func (img *Image) markCheckedLocked(clean bool) error {
 }
 
 // checkRefcountsLocked is one pass of QEMU's qcow2_check_refcounts.
-func (img *Image) checkRefcountsLocked(res *CheckResult, fix RepairMode) error {
-	k, err := img.calculateLocked(res, fix)
+func (img *Image) checkRefcountsLocked(ctx context.Context, res *CheckResult, fix RepairMode) error {
+	k, err := img.calculateLocked(ctx, res, fix)
 	if err != nil {
 		return err
 	}
@@ -647,6 +698,10 @@ func (img *Image) checkRefcountsLocked(res *CheckResult, fix RepairMode) error {
 	pre := res.counters()
 	highest, err := k.compare(RepairNone)
 	if err != nil {
+		return err
+	}
+	// The comparison repaired nothing yet.
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	switch {
@@ -658,8 +713,9 @@ func (img *Image) checkRefcountsLocked(res *CheckResult, fix RepairMode) error {
 			return err
 		}
 		res.Corruptions, res.Leaks = 0, 0
-		// The new table replaced the old one: count again.
-		k, err = img.calculateLocked(res, RepairNone)
+		// The new table replaced the old one: count again. Stopping
+		// from here on leaves the old structures leaked.
+		k, err = img.calculateLocked(ctx, res, RepairNone)
 		if err != nil {
 			return err
 		}
@@ -696,7 +752,7 @@ func (img *Image) checkRefcountsLocked(res *CheckResult, fix RepairMode) error {
 			}
 		}
 	}
-	if err := img.checkCopiedLocked(res, fix); err != nil {
+	if err := img.checkCopiedLocked(ctx, res, fix); err != nil {
 		return err
 	}
 	res.ImageEndOffset = (highest + 1) * img.clusterSize
@@ -713,6 +769,7 @@ func (img *Image) rebuildInPlaceLocked(res *CheckResult, refs []uint64) error {
 	// Work on a copy grown in whole refcount blocks, as the blocks are
 	// written as slices of it.
 	r := &imrt{refs: append([]uint64(nil), refs...)}
+	r.reserveOldBlocks(img.refTable, cs)
 	var table []uint64
 	grown, err := img.writeRefblocksLocked(r, 0, int64(len(r.refs)), &table)
 	if err != nil {
@@ -753,6 +810,24 @@ func (img *Image) rebuildInPlaceLocked(res *CheckResult, refs []uint64) error {
 
 // imrt is an in-memory refcount table used to place rebuilt structures.
 type imrt struct{ refs []uint64 }
+
+// reserveOldBlocks marks used the clusters of every refcount block the
+// old table names, even those check could not count (reserved bits set,
+// misaligned). Until the header points at the new table the old one
+// stays intact, never written over, as QEMU's overlap check demands of a
+// rebuild; the clusters reserved only here are leaked by the rebuild and
+// freed right after it.
+func (r *imrt) reserveOldBlocks(table []uint64, cs int64) {
+	for _, e := range table {
+		off := int64(e & refTableMask)
+		if off == 0 {
+			continue
+		}
+		for c := off / cs; c <= (off+cs-1)/cs && c < int64(len(r.refs)); c++ {
+			r.refs[c] = max(r.refs[c], 1)
+		}
+	}
+}
 
 func (r *imrt) get(i int64) uint64 {
 	if i < int64(len(r.refs)) {
@@ -843,7 +918,7 @@ func (img *Image) writeRefblocksLocked(r *imrt, first, end int64, table *[]uint6
 // the stored refcounts (QEMU's check_oflag_copied). RepairAll repairs
 // them; RepairLeaks only when nothing else is wrong, as only then are the
 // refcounts trustworthy.
-func (img *Image) checkCopiedLocked(res *CheckResult, fix RepairMode) error {
+func (img *Image) checkCopiedLocked(ctx context.Context, res *CheckResult, fix RepairMode) error {
 	repair := fix == RepairAll ||
 		(fix == RepairLeaks && res.CheckErrors == 0 && res.Corruptions == 0 && res.Leaks == 0)
 	cs := uint64(img.clusterSize)
@@ -852,6 +927,10 @@ func (img *Image) checkCopiedLocked(res *CheckResult, fix RepairMode) error {
 		l2off := e & l1OffsetMask
 		if l2off == 0 {
 			continue
+		}
+		// Between tables: each table's flags are written at once.
+		if err := ctx.Err(); err != nil {
+			return img.stopCopied(fix, err)
 		}
 		if r, err := live.get(int64(l2off / cs)); err == nil && (r == 1) != (e&flagCopied != 0) {
 			res.Corruptions++
@@ -922,6 +1001,17 @@ func (img *Image) checkCopiedLocked(res *CheckResult, fix RepairMode) error {
 		}
 	}
 	return nil
+}
+
+// stopCopied syncs the COPIED repairs made so far and returns err, the
+// context's error that stopped checkCopiedLocked.
+func (img *Image) stopCopied(fix RepairMode, err error) error {
+	if fix != RepairNone {
+		if serr := img.file.Sync(); serr != nil {
+			return fmt.Errorf("qcow2: syncing COPIED repairs: %w", serr)
+		}
+	}
+	return err
 }
 
 // writeL1EntryLocked sets active L1 entry i in memory and on disk.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -269,6 +270,11 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 		}
 	}
 	if h.BackingFile != "" && !o.NoBacking {
+		// Probing an untrusted backing file is the classic attack: a raw
+		// guest disk can hold a qcow2 header naming any host file.
+		if o.Untrusted && h.BackingFormat == "" {
+			return nil, fmt.Errorf("qcow2: %s: backing file %s has no backing format recorded in the image, and probing its format is %w", path, h.BackingFile, ErrUntrusted)
+		}
 		if err := img.openBacking(o, seen); err != nil {
 			return nil, err
 		}
@@ -398,6 +404,30 @@ func (img *Image) Header() Header {
 	defer img.mu.Unlock()
 	h := img.hdr
 	return h
+}
+
+// QemuSnapshots reads the snapshot table of an image opened ForCheck as
+// QEMU's qcow2_open does, for describing an image (qemu-img info): the
+// count and the table offset are validated, entries past the end of the
+// file read as zeros, and the snapshots' L1 tables are not looked at.
+// Errors carry QEMU's text, its hint on a line of its own.
+func (img *Image) QemuSnapshots() ([]Snapshot, error) {
+	if !img.forCheck {
+		return img.snapshots, nil
+	}
+	nb, off := uint64(img.hdr.NbSnapshots), img.hdr.SnapshotsOffset
+	if nb > maxSnapshots {
+		return nil, errors.New("Snapshot table too large")
+	}
+	if math.MaxInt64-nb*snapshotFixedLen < off || off%uint64(img.clusterSize) != 0 {
+		return nil, errors.New("Snapshot table offset invalid")
+	}
+	snaps, _, _, _, err := img.readSnapshotsForCheck(&CheckResult{}, off, int(nb), false)
+	var h snapshotHintError
+	if errors.As(err, &h) && h.hint != "" {
+		return nil, fmt.Errorf("%s\n%s", h.msg, h.hint)
+	}
+	return snaps, err
 }
 
 // Snapshots returns the internal snapshot table. The caller must not

@@ -41,9 +41,10 @@ type Options struct {
 	CacheCleanInterval int
 	// Untrusted refuses backing and external data files outside the
 	// image's own folder (after resolving symlinks) and files that are not
-	// regular files, so that an image from someone else cannot make ovis
-	// read arbitrary host files. The default (false) follows QEMU, which
-	// opens whatever the image names.
+	// regular files, and a backing file whose format the image does not
+	// record (it would have to be probed), so that an image from someone
+	// else cannot make ovis read arbitrary host files. The default
+	// (false) follows QEMU, which opens whatever the image names.
 	Untrusted bool
 	// ForCheck opens the image for Check alone, as QEMU opens one for
 	// qemu-img check: L1 entries naming misaligned L2 tables or tables

@@ -54,7 +54,7 @@ func checkVariants() []checkVariant {
 	}
 	const offMask = 0x00fffffffffffe00
 	host := func(p *qcow2Patch, guest uint64) uint64 { return p.u64(p.l2Entry(guest)) & offMask }
-	return []checkVariant{
+	vs := []checkVariant{
 		{name: "clean", build: data(""), cleanAfterAll: true},
 		{name: "clean 4k clusters v2", build: data("cluster_size=4k,compat=0.10"), cleanAfterAll: true},
 		{name: "clean extended l2", build: data("extended_l2=on"), cleanAfterAll: true},
@@ -132,44 +132,138 @@ func checkVariants() []checkVariant {
 		{name: "L1 entry past the end of the file", build: patched(func(p *qcow2Patch) {
 			p.put64(p.l1Offset, 1<<63|1<<30)
 		}), damaged: true},
-		// Snapshot table damage (qcow2_check_read_snapshot_table).
-		{name: "snapshot L1 table misaligned", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot in an image with a data file", build: dataFileSnapshot, damaged: true, unrepairable: true},
+	}
+	// Snapshot table damage (qcow2_check_read_snapshot_table), on v3
+	// images and on v2 ones, whose entries need no extra data.
+	vs = append(vs, snapshotVariants("")...)
+	return append(vs, snapshotVariants(" v2")...)
+}
+
+// snapshotVariants are the snapshot table damage cases; suffix " v2"
+// builds them on compat=0.10 images.
+func snapshotVariants(suffix string) []checkVariant {
+	compat := "1.1"
+	if suffix == " v2" {
+		compat = "0.10"
+	}
+	sn := func(f func(p *qcow2Patch, entry uint64)) func(t *testing.T, dir string) {
+		return snappedCompat(compat, f)
+	}
+	vs := []checkVariant{
+		{name: "snapshot L1 table misaligned", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put64(e, p.u64(e)+0x200)
 		}), damaged: true},
-		{name: "snapshot L1 table too large", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot L1 table too large", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put32(e+8, 32<<20/8+1)
 		}), damaged: true},
-		{name: "snapshot with too much extra data", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot with too much extra data", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put32(e+36, 1025)
 		}), damaged: true, cleanAfterAll: true},
-		{name: "snapshot count past the table", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot count past the table", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put32(60, 2)
 		}), damaged: true, cleanAfterAll: true},
-		{name: "snapshot table past the end of the file", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot table past the end of the file", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put64(64, 1<<30)
 		}), damaged: true, cleanAfterAll: true},
-		{name: "snapshot table misaligned", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "snapshot table misaligned", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put64(64, e+0x200)
 		}), damaged: true, unrepairable: true},
-		{name: "too many snapshots", build: snapped(func(p *qcow2Patch, e uint64) {
+		{name: "too many snapshots", build: sn(func(p *qcow2Patch, e uint64) {
 			p.put32(60, 65537)
 		}), damaged: true, noRepairAll: "qemu-img -r all reads 65536 entries past the table, " +
 			"reports each as incomplete and then fails its overlap check writing the table"},
 	}
+	for i := range vs {
+		v := &vs[i]
+		if suffix == " v2" {
+			switch v.name {
+			case "snapshot count past the table":
+				// The zeros past the table read as a complete v2 entry.
+				v.damaged, v.cleanAfterAll = false, true
+			case "snapshot table past the end of the file":
+				// Nothing makes QEMU rewrite the table: no v2 entry is
+				// incomplete. Only its refcount is reported.
+				v.cleanAfterAll, v.unrepairable = false, true
+			}
+		}
+		v.name += suffix
+	}
+	return vs
 }
 
 // snapped builds the data image with one internal snapshot, then damages
 // it; f gets the offset of the snapshot's table entry.
 func snapped(f func(p *qcow2Patch, entry uint64)) func(t *testing.T, dir string) {
+	return snappedCompat("1.1", f)
+}
+
+// snappedCompat is snapped on an image of the given compat level.
+func snappedCompat(compat string, f func(p *qcow2Patch, entry uint64)) func(t *testing.T, dir string) {
 	return func(t *testing.T, dir string) {
 		t.Helper()
 		a := filepath.Join(dir, "a.qcow2")
-		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", a, "64M")
+		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "compat="+compat, a, "64M")
 		testutil.QemuIO(t, a, "qcow2", "write -P 1 0 256k", "write -c -P 2 4M 64k")
 		testutil.QemuImg(t, "snapshot", "-c", "s1", a)
-		p := patchQcow2(t, a)
+		p := patchAnyQcow2(t, a)
 		f(p, p.u64(64))
 	}
+}
+
+// patchAnyQcow2 is patchQcow2 for v3 images and v2 ones, whose header
+// has no refcount order (it is always 4).
+func patchAnyQcow2(t *testing.T, path string) *qcow2Patch {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if binary.BigEndian.Uint32(b[4:]) != 2 {
+		return patchQcow2(t, path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	be := binary.BigEndian
+	return &qcow2Patch{t: t, f: f, clusterBits: uint(be.Uint32(b[20:])), l1Offset: be.Uint64(b[40:]), rtTable: be.Uint64(b[48:])}
+}
+
+// dataFileSnapshot builds an image with an external data file and one
+// internal snapshot. qemu-img refuses to take snapshots of such an image,
+// so the snapshot is added by hand: an empty L1 table and a one-entry
+// snapshot table in two new clusters, each counted once. The data file is
+// named by its absolute path, as QEMU resolves a relative one from its
+// working directory; a twin copy of a.qcow2 names the same data file,
+// which check never writes.
+func dataFileSnapshot(t *testing.T, dir string) {
+	t.Helper()
+	a := filepath.Join(dir, "a.qcow2")
+	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "data_file="+filepath.Join(dir, "d.raw"), a, "64M")
+	testutil.QemuIO(t, a, "qcow2", "write -P 1 0 256k")
+	p := patchQcow2(t, a)
+	c := p.grow(2)
+	p.setRefcount(c, 1)
+	p.setRefcount(c+1, 1)
+	cs := uint64(1) << p.clusterBits
+	l1, tbl := c*cs, (c+1)*cs
+	// QCowSnapshotHeader, 24 bytes of extra data (VM state size, disk
+	// size, icount), then the ID "1" and the name "s1".
+	e := make([]byte, 40+24+3)
+	binary.BigEndian.PutUint64(e[0:], l1)
+	binary.BigEndian.PutUint32(e[8:], uint32(p.u64(32)))
+	binary.BigEndian.PutUint16(e[12:], 1)
+	binary.BigEndian.PutUint16(e[14:], 2)
+	binary.BigEndian.PutUint32(e[36:], 24)
+	binary.BigEndian.PutUint64(e[48:], 64<<20)
+	copy(e[64:], "1s1")
+	if _, err := p.f.WriteAt(e, int64(tbl)); err != nil {
+		t.Fatal(err)
+	}
+	p.put32(60, 1)
+	p.put64(64, tbl)
 }
 
 func (p *qcow2Patch) put32(off, v uint64) {
@@ -395,8 +489,9 @@ func TestCheckErrorsMatchQemu(t *testing.T) {
 	}
 }
 
-// TestOpenRefusesCheckOnlyDamage: damage that check opens past (ForCheck)
-// is still refused, with what is wrong, by a normal open.
+// TestOpenRefusesCheckOnlyDamage: damage that check (and info, as
+// qemu-img info does) opens past (ForCheck) is still refused, with what is
+// wrong, by an open for I/O.
 func TestOpenRefusesCheckOnlyDamage(t *testing.T) {
 	want := map[string]string{
 		"refcount table entry misaligned":         "refcount table entry 0: block offset 0x20200 is not cluster aligned",
@@ -417,7 +512,7 @@ func TestOpenRefusesCheckOnlyDamage(t *testing.T) {
 			t.Parallel()
 			dir := t.TempDir()
 			v.build(t, dir)
-			for _, args := range [][]string{{"info", "a.qcow2"}, {"convert", "-O", "raw", "a.qcow2", "b.raw"}} {
+			for _, args := range [][]string{{"convert", "-O", "raw", "a.qcow2", "b.raw"}} {
 				o := ovisImg(t, dir, args...)
 				if o.code != 1 || !strings.Contains(o.stderr, "corrupt image") || !strings.Contains(o.stderr, msg) {
 					t.Errorf("ovis img %s: exit %d, want 1 and %q\n%s", strings.Join(args, " "), o.code, msg, o.stderr)

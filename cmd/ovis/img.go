@@ -15,10 +15,12 @@ func newImgCmd() *cobra.Command {
 			"qemu-img's arguments, output, messages and exit codes.\n\n" +
 			"--untrusted (an ovis addition) is for images from someone\n" +
 			"else: a backing file or external data file must then be a regular file in the\n" +
-			"image's own folder, after symlinks are resolved; anything else is refused.",
+			"image's own folder, after symlinks are resolved; anything else is refused.\n" +
+			"Formats are not probed: the image's format must be given (-f), and a backing\n" +
+			"file must have its format recorded in the image.",
 	}
 	var untrusted bool
-	cmd.PersistentFlags().BoolVar(&untrusted, "untrusted", false, "refuse backing and data files outside the image's folder, and non-regular files")
+	cmd.PersistentFlags().BoolVar(&untrusted, "untrusted", false, "refuse format probing (-f required), and backing and data files outside the image's folder or not regular files")
 	cmd.PersistentPreRun = func(*cobra.Command, []string) {
 		imgVerb.Store(true)
 		img.SetUntrusted(untrusted)

@@ -29,7 +29,7 @@ func newImgCheckCmd() *cobra.Command {
 				return img.UsageError("Expecting one image file name")
 			}
 			cfg.Filename = args[0]
-			return img.Check(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Check(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()

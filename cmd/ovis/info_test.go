@@ -284,3 +284,62 @@ func jsonString(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// infoRefusedDamage is the check variants' damage that qemu-img 7.2 info
+// refuses: qcow2_open validates the snapshot count, the snapshot table's
+// offset and each entry's extra data, but none of the L1 or refcount
+// table entries, nor the snapshots' L1 tables, and it reads a table
+// running past the end of the file as zeros. Keys omit the " v2" suffix.
+var infoRefusedDamage = map[string]bool{
+	"too many snapshots":                true,
+	"snapshot table misaligned":         true,
+	"snapshot with too much extra data": true,
+}
+
+// ioRefusedDamage is damage that info describes but a normal open, for
+// reading or writing, must still refuse.
+var ioRefusedDamage = map[string]bool{
+	"refcount table entry misaligned":         true,
+	"L1 entry misaligned":                     true,
+	"L1 entry past the end of the file":       true,
+	"snapshot L1 table misaligned":            true,
+	"snapshot L1 table too large":             true,
+	"snapshot table past the end of the file": true,
+}
+
+// TestInfoDamagedMatchesQemu runs info on every clean and damaged image
+// of TestCheckMatchesQemu: ovis must describe those qemu-img describes,
+// field by field, and refuse the others with qemu-img's message and exit
+// code, while a normal open (convert) still refuses what it cannot read.
+func TestInfoDamagedMatchesQemu(t *testing.T) {
+	for _, v := range checkVariants() {
+		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			v.build(t, dir)
+			damage := strings.TrimSuffix(v.name, " v2")
+			for _, extra := range [][]string{nil, {"-f", "qcow2"}, {"--backing-chain"}} {
+				for _, out := range []string{"json", "human"} {
+					args := append(append([]string{"info", "--output=" + out}, extra...), "a.qcow2")
+					what := strings.Join(args, " ")
+					q, o := qemuImg(t, dir, args...), ovisImg(t, dir, args...)
+					if refused := q.code != 0; refused != infoRefusedDamage[damage] {
+						t.Errorf("qemu-img %s: exit %d, expected refused=%v\n%s", what, q.code, infoRefusedDamage[damage], q.stderr)
+					}
+					q.stdout = actualSizeRE.ReplaceAllString(q.stdout, "")
+					o.stdout = actualSizeRE.ReplaceAllString(o.stdout, "")
+					sameResult(t, what, q, o)
+					if out == "json" && q.code == 0 && o.code == 0 {
+						sameJSONFields(t, what, q.stdout, o.stdout)
+					}
+				}
+			}
+			if ioRefusedDamage[damage] {
+				o := ovisImg(t, dir, "convert", "-O", "raw", "a.qcow2", "b.raw")
+				if o.code != 1 || !strings.Contains(o.stderr, "corrupt image") {
+					t.Errorf("ovis img convert: exit %d, want 1 and a corrupt image\n%s", o.code, o.stderr)
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -45,8 +46,10 @@ func ParseRepair(s string) error {
 // stdout (human text or JSON with qemu-img's fields), and the result is
 // an *ExitError with qemu-img's code: 2 when corruptions remain, 3 when
 // only leaks do, 63 for a format without checks, 1 when the check itself
-// failed.
-func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
+// failed. Once ctx is done the engine stops between repairs; Check then
+// prints the messages so far (qemu-img prints them as it goes) and
+// returns ctx's error.
+func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error {
 	json, err := outputFormat(cfg.Output)
 	if err != nil {
 		return err
@@ -70,9 +73,12 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 		dev.Close()
 		return exitWith(checkExitUnsupported, fmt.Errorf("This image format does not support checks"))
 	}
-	res, err := img.Check(mode)
+	res, err := img.CheckContext(ctx, mode)
 	if res != nil {
 		io.WriteString(stderr, checkLines(res.Messages))
+	}
+	if err != nil && ctx.Err() != nil {
+		return stopped(img, err)
 	}
 	out := ""
 	if err == nil && (res.LeaksFixed != 0 || res.CorruptionsFixed != 0) {
@@ -84,10 +90,13 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 				res.LeaksFixed, res.CorruptionsFixed)
 		}
 		fixed := res
-		res, err = img.Check(qcow2.RepairNone)
+		res, err = img.CheckContext(ctx, qcow2.RepairNone)
 		if res != nil {
 			io.WriteString(stderr, checkLines(res.Messages))
 			res.LeaksFixed, res.CorruptionsFixed = fixed.LeaksFixed, fixed.CorruptionsFixed
+		}
+		if err != nil && ctx.Err() != nil {
+			return stopped(img, err)
 		}
 	}
 	if cerr := img.Close(); err == nil && cerr != nil {
@@ -116,6 +125,15 @@ func Check(cfg CheckConfig, stdout, stderr io.Writer) error {
 		return exitWith(checkExitLeaks, nil)
 	}
 	return nil
+}
+
+// stopped closes an image whose check was interrupted and returns err,
+// the context's error, unless closing failed as well.
+func stopped(img *qcow2.Image, err error) error {
+	if cerr := img.Close(); cerr != nil {
+		return fmt.Errorf("%w; closing the image: %v", err, cerr)
+	}
+	return err
 }
 
 // humanCheck renders a result as qemu-img's dump_human_image_check.

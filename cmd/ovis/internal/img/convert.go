@@ -127,6 +127,9 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 			return fmt.Errorf("Invalid source cache option: %s", cfg.SourceCache)
 		}
 	}
+	if err := requireFormat(cfg.Source, cfg.SourceFormat); err != nil {
+		return err
+	}
 	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, trust(qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)}))
 	if err != nil {
 		return openError(cfg.Source, err)

@@ -137,9 +137,12 @@ func (c *copier) run(ctx context.Context) error {
 	if c.ordered {
 		nbuf *= 2
 	}
+	bufs, release := block.CopyBuffers(nbuf, int(bufSize))
+	// Every goroutine that holds a buffer has returned before run does.
+	defer release()
 	pool := make(chan []byte, nbuf)
-	for range nbuf {
-		pool <- make([]byte, bufSize)
+	for _, b := range bufs {
+		pool <- b
 	}
 	var writes chan write
 	writerDone := make(chan struct{})

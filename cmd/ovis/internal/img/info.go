@@ -79,6 +79,9 @@ func collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
 		}
 		next := info.fullBackingFilename
 		if untrusted.Load() {
+			if info.backingFormat == "" {
+				return nil, noBackingFormat(filename, info.backingFilename)
+			}
 			real, err := qcow2.Confine(filename, next)
 			if err != nil {
 				return nil, fmt.Errorf("Could not open backing file '%s': %v", next, err)
@@ -125,6 +128,9 @@ func queryImage(filename, format string) (*imageInfo, error) {
 	if err != nil {
 		return nil, openError(filename, err)
 	}
+	if err := requireFormat(filename, format); err != nil {
+		return nil, err
+	}
 	if format == "" {
 		if format, err = qcow2.Probe(filename); err != nil {
 			return nil, openError(filename, err)
@@ -141,11 +147,18 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		info.virtualSize = (r.Size() + 511) &^ 511
 		r.Close()
 	case "qcow2":
-		img, err := qcow2.Open(filename, trust(qcow2.Options{ReadOnly: true, NoBacking: true}))
+		// qemu-img info opens what qcow2_open opens, which does not look
+		// into the L1 or refcount table entries nor the snapshots' L1
+		// tables: ForCheck, read-only, leaves them unchecked.
+		img, err := qcow2.Open(filename, trust(qcow2.Options{ReadOnly: true, NoBacking: true, ForCheck: true}))
 		if err != nil {
 			return nil, openError(filename, err)
 		}
 		defer img.Close()
+		snaps, err := img.QemuSnapshots()
+		if err != nil {
+			return nil, wrapMsg(err, "Could not open '%s': %v", filename, err)
+		}
 		h := img.Header()
 		info.virtualSize = int64(h.Size)
 		info.clusterSize = h.ClusterSize()
@@ -155,8 +168,12 @@ func queryImage(filename, format string) (*imageInfo, error) {
 			info.fullBackingFilename = combinePath(filename, h.BackingFile)
 			info.backingFormat = h.BackingFormat
 		}
-		for _, s := range img.Snapshots() {
-			info.snapshots = append(info.snapshots, snapshotInfoOf(s))
+		// QEMU cannot list the snapshots of an image with a data file
+		// (qcow2_snapshot_list: ENOTSUP), and info leaves them out.
+		if !h.HasDataFile() {
+			for _, s := range snaps {
+				info.snapshots = append(info.snapshots, snapshotInfoOf(s))
+			}
 		}
 		bitmaps, err := qcow2Bitmaps(filename, &h)
 		if err != nil {

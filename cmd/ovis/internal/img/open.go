@@ -14,6 +14,9 @@ import (
 // cannot: "Could not open 'top': Could not open backing file: Could not
 // open 'base': No such file or directory" names the layer that failed.
 func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
+	if err := requireFormat(filename, format); err != nil {
+		return nil, err
+	}
 	if format != "" {
 		if _, ok := formatOpts(format); !ok {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
@@ -48,7 +51,9 @@ func chainReason(filename, format string, err error, depth int) string {
 	h := img.Header()
 	next := img.BackingPath()
 	dev.Close()
-	if next == "" {
+	// An untrusted backing file without a recorded format is not probed,
+	// not even to find the layer that failed.
+	if next == "" || untrusted.Load() && h.BackingFormat == "" {
 		return openReason(err)
 	}
 	return "Could not open backing file: " + chainReason(next, h.BackingFormat, err, depth+1)

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"fmt"
 	"sync/atomic"
 
 	"github.com/ovis-storage/ovis/qcow2"
@@ -20,4 +21,21 @@ func SetUntrusted(v bool) { untrusted.Store(v) }
 func trust(o qcow2.Options) qcow2.Options {
 	o.Untrusted = o.Untrusted || untrusted.Load()
 	return o
+}
+
+// requireFormat refuses to probe the format of an untrusted image: a raw
+// guest disk that writes a qcow2 header into its first sector would be
+// read as qcow2, naming any host file as its backing file.
+func requireFormat(filename, format string) error {
+	if format != "" || !untrusted.Load() {
+		return nil
+	}
+	return fmt.Errorf("Could not open '%s': the image format must be given (-f FMT): probing the format is %w", filename, qcow2.ErrUntrusted)
+}
+
+// noBackingFormat refuses the backing file of an untrusted image whose
+// header does not record the backing file's format, which would have to
+// be probed.
+func noBackingFormat(filename, backing string) error {
+	return fmt.Errorf("Could not open backing file '%s' of '%s': the image records no backing format, and probing the format is %w", backing, filename, qcow2.ErrUntrusted)
 }

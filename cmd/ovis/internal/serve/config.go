@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/qcow2"
 )
 
 // Defaults of Config and of the ovis nbd command line.
@@ -166,8 +167,9 @@ type Config struct {
 
 	// Untrusted refuses backing and external data files that are not
 	// regular files in the image's own folder (qcow2.Options.Untrusted;
-	// --untrusted, an ovis addition). The default follows them anywhere,
-	// as QEMU does.
+	// --untrusted, an ovis addition), and any format probing: Format must
+	// be set, and a backing file's format recorded in the image. The
+	// default follows them anywhere and probes, as QEMU does.
 	Untrusted bool
 
 	// L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize,
@@ -233,6 +235,10 @@ func (c *Config) Validate() error {
 		return errors.New("serve: config: no image file")
 	case c.Format != "" && c.Format != "qcow2" && c.Format != "raw":
 		return fmt.Errorf("Failed to blk_new_open '%s': Unknown driver '%s'", c.File, c.Format)
+	case c.Untrusted && c.Format == "":
+		// A probed raw guest disk could pass for qcow2 and name any host
+		// file as its backing file.
+		return fmt.Errorf("Failed to blk_new_open '%s': the image format must be given (-f FMT): probing the format is %w", c.File, qcow2.ErrUntrusted)
 	case c.Socket != "" && !filepath.IsAbs(c.Socket):
 		return errors.New("socket path must be absolute")
 	case len(c.ExportName) > maxNameLen:
