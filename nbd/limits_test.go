@@ -1,7 +1,6 @@
 package nbd
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/tls"
 	"errors"
@@ -284,35 +283,7 @@ func TestClientCertWithGetConfigForClient(t *testing.T) {
 		return &tls.Config{Certificates: []tls.Certificate{pki.Server}}, nil
 	}}
 	_, sock := startWire(t, Config{Exports: []Export{{Device: rw}}, TLS: serverTLS, ClientCAs: pki.CAPool})
-	for _, c := range []struct {
-		name  string
-		certs []tls.Certificate
-		ok    bool
-	}{
-		{"no certificate", nil, false},
-		{"stranger", []tls.Certificate{pki.Stranger}, false},
-		{"client", []tls.Certificate{pki.Client}, true},
-	} {
-		w := dialWire(t, "unix", sock)
-		w.hello(flagCFixedNewstyle | flagCNoZeroes)
-		w.sendOpt(optStartTLS, nil)
-		if r := w.readOptReply(); r.typ != repAck {
-			t.Fatalf("STARTTLS: %#x", r.typ)
-		}
-		tc := tls.Client(w.c, &tls.Config{RootCAs: pki.CAPool, ServerName: "localhost", Certificates: c.certs})
-		w.c, w.r = tc, bufio.NewReader(tc)
-		err := tc.Handshake()
-		if err == nil {
-			// TLS 1.3 reports a refused client certificate on the
-			// first read.
-			if _, err = tc.Write(optBytes(optList, nil)); err == nil {
-				_, err = w.r.ReadByte()
-			}
-		}
-		if (err == nil) != c.ok {
-			t.Errorf("%s: err %v, want ok=%v", c.name, err, c.ok)
-		}
-	}
+	checkClientCerts(t, pki, sock)
 }
 
 // TestRefusedQuickly: with the server full of stalled handshakes, further

@@ -80,7 +80,14 @@ func TestTLSWire(t *testing.T) {
 	w.hello(0)
 	w.expectClosed()
 
-	// Client certificates.
+	checkClientCerts(t, pki, sockCA)
+}
+
+// checkClientCerts: the server at sock, configured with pki's CA as
+// ClientCAs, completes the TLS session only for a client certificate that
+// CA signed.
+func checkClientCerts(t *testing.T, pki *TestPKI, sock string) {
+	t.Helper()
 	for _, c := range []struct {
 		name  string
 		certs []tls.Certificate
@@ -90,7 +97,7 @@ func TestTLSWire(t *testing.T) {
 		{"stranger", []tls.Certificate{pki.Stranger}, false},
 		{"client", []tls.Certificate{pki.Client}, true},
 	} {
-		w := dialWire(t, "unix", sockCA)
+		w := dialWire(t, "unix", sock)
 		w.hello(flagCFixedNewstyle | flagCNoZeroes)
 		w.sendOpt(optStartTLS, nil)
 		if r := w.readOptReply(); r.typ != repAck {

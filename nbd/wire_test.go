@@ -69,7 +69,8 @@ func TestBadRequests(t *testing.T) {
 		}
 		good()
 
-		cases := []struct {
+		// badRequest is a request the server must refuse with want.
+		type badRequest struct {
 			name    string
 			flags   cmdFlags
 			typ     cmdType
@@ -77,7 +78,8 @@ func TestBadRequests(t *testing.T) {
 			length  uint32
 			payload []byte
 			want    Errno
-		}{
+		}
+		cases := []badRequest{
 			{"read past end", 0, cmdRead, wireSize - 512, 4096, nil, EINVAL},
 			{"read offset overflow", 0, cmdRead, 1<<64 - 512, 4096, nil, EINVAL},
 			{"write past end", 0, cmdWrite, wireSize - 512, 4096, pattern(2, 4096), ENOSPC},
@@ -97,15 +99,7 @@ func TestBadRequests(t *testing.T) {
 			{"fast zero", cmdFlagFastZero, cmdWriteZeroes, 4096, 4096, nil, ENOTSUP},
 		}
 		if !structured {
-			cases = append(cases, struct {
-				name    string
-				flags   cmdFlags
-				typ     cmdType
-				off     uint64
-				length  uint32
-				payload []byte
-				want    Errno
-			}{"df without structured replies", cmdFlagDF, cmdRead, 0, 512, nil, EINVAL})
+			cases = append(cases, badRequest{"df without structured replies", cmdFlagDF, cmdRead, 0, 512, nil, EINVAL})
 		}
 		for _, c := range cases {
 			handle++

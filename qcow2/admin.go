@@ -151,91 +151,87 @@ func (img *Image) addTreeRefsLocked(l1 []uint64, delta int64) error {
 // refreshCopiedLocked sets the COPIED flags of the active L1 table and of
 // the L2 tables it owns from the refcounts, writing what changed.
 func (img *Image) refreshCopiedLocked() error {
-	for i, e := range img.l1 {
-		l2off := e & l1OffsetMask
-		if l2off == 0 {
-			continue
-		}
-		rc, err := img.refcountExclusiveLocked(int64(l2off) >> img.clusterBits)
-		if err != nil {
-			return err
-		}
-		want := e &^ flagCopied
-		if rc == 1 {
-			want |= flagCopied
-		}
-		if want != e {
-			img.l1[i] = want
-			img.l1Dirty[i] = struct{}{}
-		}
-		// Entries of a table shared with a snapshot get their flags
-		// updated in place too: flags only matter as seen from the
-		// active L1, and the data they map is shared as well.
-		buf, err := img.readTableFile(l2off, img.clusterSize)
-		if err != nil {
-			return err
-		}
-		changed := false
-		for j := int64(0); j < img.l2Entries; j++ {
-			m := img.readEntry(buf, j)
-			h, ok := img.host(m)
-			if !ok || m.entry&flagCompressed != 0 || img.hasDataFile {
-				continue
-			}
-			rc, err := img.refcountExclusiveLocked(int64(h) >> img.clusterBits)
-			if err != nil {
-				return err
-			}
-			nm := m
-			nm.entry &^= flagCopied
-			if rc == 1 {
-				nm.entry |= flagCopied
-			}
-			if nm != m {
-				img.writeEntry(buf, j, nm)
-				changed = true
-			}
-		}
-		if changed {
-			if err := img.writeTableLocked(l2off, buf); err != nil {
-				return err
-			}
-		}
+	refcountIsOne := func(off uint64) (bool, error) {
+		rc, err := img.refcountExclusiveLocked(int64(off) >> img.clusterBits)
+		return rc == 1, err
 	}
-	return nil
+	return img.setCopiedLocked(refcountIsOne, func(m mapping) (bool, bool, error) {
+		h, ok := img.host(m)
+		if !ok || m.entry&flagCompressed != 0 || img.hasDataFile {
+			return false, false, nil
+		}
+		copied, err := refcountIsOne(h)
+		return copied, true, err
+	})
 }
 
 // clearCopiedLocked clears the COPIED flags of the active L1 table and
 // of every entry of the L2 tables it references.
 func (img *Image) clearCopiedLocked() error {
+	return img.setCopiedLocked(
+		func(uint64) (bool, error) { return false, nil },
+		func(m mapping) (bool, bool, error) { return false, m.entry&flagCompressed == 0, nil })
+}
+
+// setCopiedLocked sets the COPIED flag of every active L1 entry to what
+// l1Copied says for its L2 table, and of every entry of those tables to
+// what l2Copied says (leaving it alone when l2Copied's second result is
+// false), writing the tables that changed. Entries of a table shared with
+// a snapshot are updated in place too: flags only matter as seen from the
+// active L1, and the data they map is shared as well.
+func (img *Image) setCopiedLocked(l1Copied func(l2off uint64) (bool, error), l2Copied func(mapping) (copied, ok bool, err error)) error {
 	for i, e := range img.l1 {
 		l2off := e & l1OffsetMask
 		if l2off == 0 {
 			continue
 		}
-		if e&flagCopied != 0 {
-			img.l1[i] = e &^ flagCopied
-			img.l1Dirty[i] = struct{}{}
-		}
-		buf, err := img.readTableFile(l2off, img.clusterSize)
+		copied, err := l1Copied(l2off)
 		if err != nil {
 			return err
 		}
-		changed := false
-		for j := int64(0); j < img.l2Entries; j++ {
-			if m := img.readEntry(buf, j); m.entry&flagCopied != 0 && m.entry&flagCompressed == 0 {
-				m.entry &^= flagCopied
-				img.writeEntry(buf, j, m)
-				changed = true
-			}
+		if want := withCopied(e, copied); want != e {
+			img.l1[i] = want
+			img.l1Dirty[i] = struct{}{}
 		}
-		if changed {
-			if err := img.writeTableLocked(l2off, buf); err != nil {
-				return err
-			}
+		if err := img.setCopiedL2Locked(l2off, l2Copied); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// setCopiedL2Locked is setCopiedLocked for the entries of the L2 table at
+// l2off.
+func (img *Image) setCopiedL2Locked(l2off uint64, l2Copied func(mapping) (copied, ok bool, err error)) error {
+	buf, err := img.readTableFile(l2off, img.clusterSize)
+	if err != nil {
+		return err
+	}
+	changed := false
+	for j := int64(0); j < img.l2Entries; j++ {
+		m := img.readEntry(buf, j)
+		copied, ok, err := l2Copied(m)
+		if err != nil {
+			return err
+		}
+		if want := withCopied(m.entry, copied); ok && want != m.entry {
+			m.entry = want
+			img.writeEntry(buf, j, m)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return img.writeTableLocked(l2off, buf)
+}
+
+// withCopied returns the table entry e with its COPIED flag set to copied.
+func withCopied(e uint64, copied bool) uint64 {
+	if copied {
+		return e | flagCopied
+	}
+	return e &^ flagCopied
 }
 
 // writeTableLocked writes a whole L2 table and drops its cached slices.
@@ -245,6 +241,19 @@ func (img *Image) writeTableLocked(off uint64, buf []byte) error {
 		return fmt.Errorf("qcow2: writing L2 table at %#x: %w", off, err)
 	}
 	return nil
+}
+
+// writeNewLocked writes buf to newly allocated clusters and returns
+// their offset. Only inside exclusive.
+func (img *Image) writeNewLocked(what string, buf []byte) (uint64, error) {
+	off, err := img.allocExclusiveLocked(img.clustersFor(int64(len(buf))))
+	if err != nil {
+		return 0, err
+	}
+	if _, err := img.file.WriteAt(buf, int64(off)); err != nil {
+		return 0, fmt.Errorf("qcow2: writing %s at %#x: %w", what, off, err)
+	}
+	return off, nil
 }
 
 func encodeL1(l1 []uint64, n int) []byte {
@@ -289,11 +298,8 @@ func (img *Image) writeSnapshotTableLocked(snaps []Snapshot) error {
 	tbl := encodeSnapshotTable(snaps, img.hdr.Version)
 	if len(snaps) > 0 {
 		var err error
-		if off, err = img.allocExclusiveLocked(img.clustersFor(int64(len(tbl)))); err != nil {
+		if off, err = img.writeNewLocked("snapshot table", tbl); err != nil {
 			return err
-		}
-		if _, err := img.file.WriteAt(tbl, int64(off)); err != nil {
-			return fmt.Errorf("qcow2: writing snapshot table at %#x: %w", off, err)
 		}
 	}
 	// The table's clusters are counted, and it is written, before the
@@ -358,12 +364,9 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 		// 3. The snapshot's copy of the L1 table.
 		l1Bytes := int64(len(img.l1)) * 8
 		if l1Bytes > 0 {
-			off, err := img.allocExclusiveLocked(img.clustersFor(l1Bytes))
+			off, err := img.writeNewLocked("snapshot L1 table", encodeL1(img.l1, len(img.l1)))
 			if err != nil {
 				return err
-			}
-			if _, err := img.file.WriteAt(encodeL1(img.l1, len(img.l1)), int64(off)); err != nil {
-				return fmt.Errorf("qcow2: writing snapshot L1 table at %#x: %w", off, err)
 			}
 			sn.L1TableOffset = off
 		}
@@ -531,12 +534,9 @@ func (img *Image) growLocked(size int64) error {
 	if need > len(img.l1) {
 		l1 := make([]uint64, need)
 		copy(l1, img.l1)
-		off, err := img.allocExclusiveLocked(img.clustersFor(int64(need) * 8))
+		off, err := img.writeNewLocked("L1 table", encodeL1(l1, need))
 		if err != nil {
 			return err
-		}
-		if _, err := img.file.WriteAt(encodeL1(l1, need), int64(off)); err != nil {
-			return fmt.Errorf("qcow2: writing L1 table at %#x: %w", off, err)
 		}
 		if err := img.flushExclusiveLocked(); err != nil {
 			return err

@@ -249,33 +249,14 @@ func crashRandomOp(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *ra
 	n := min(rng.Int63n(3*cs)+1, size-off)
 	switch k := rng.Intn(10); {
 	case k < 5:
-		p := make([]byte, n)
-		rng.Read(p)
-		fua := rng.Intn(6) == 0
-		if _, err := img.WriteAt(p, off, fua); err != nil {
-			t.Fatal(err)
-		}
-		m.write(off, p, false)
-		if fua {
-			m.fuaDone(rf.syncs())
-		}
+		crashWrite(t, img, m, rf, rng, off, n, 6)
 	case k < 6:
 		if err := img.WriteZeroes(off, n, rng.Intn(2) == 0, false); err != nil {
 			t.Fatal(err)
 		}
 		m.write(off, make([]byte, n), false)
 	case k < 7:
-		if err := img.Discard(off, n); err != nil {
-			t.Fatal(err)
-		}
-		m.write(off, make([]byte, n), true)
-		// What discard made zero, the model must know as possibly zero
-		// or old: record the actual content as current.
-		got := make([]byte, n)
-		if _, err := img.ReadAt(got, off); err != nil {
-			t.Fatal(err)
-		}
-		copy(m.cur[off:], got)
+		crashDiscard(t, img, m, off, n)
 	case k < 8 && compressed:
 		c := off / cs * cs
 		p := make([]byte, min(cs, size-c))
@@ -287,11 +268,49 @@ func crashRandomOp(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *ra
 		}
 		m.write(c, p, false)
 	default:
-		if err := img.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		m.flushed(rf.syncs())
+		crashFlush(t, img, m, rf)
 	}
+}
+
+// crashWrite writes n random bytes at off, with FUA one time in fuaOneIn,
+// and tells the model.
+func crashWrite(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *rand.Rand, off, n int64, fuaOneIn int) {
+	t.Helper()
+	p := make([]byte, n)
+	rng.Read(p)
+	fua := rng.Intn(fuaOneIn) == 0
+	if _, err := img.WriteAt(p, off, fua); err != nil {
+		t.Fatal(err)
+	}
+	m.write(off, p, false)
+	if fua {
+		m.fuaDone(rf.syncs())
+	}
+}
+
+// crashDiscard discards n bytes at off and tells the model.
+func crashDiscard(t *testing.T, img *Image, m *crashModel, off, n int64) {
+	t.Helper()
+	if err := img.Discard(off, n); err != nil {
+		t.Fatal(err)
+	}
+	m.write(off, make([]byte, n), true)
+	// What discard made zero, the model must know as possibly zero
+	// or old: record the actual content as current.
+	got := make([]byte, n)
+	if _, err := img.ReadAt(got, off); err != nil {
+		t.Fatal(err)
+	}
+	copy(m.cur[off:], got)
+}
+
+// crashFlush flushes the image and tells the model which syncs it made.
+func crashFlush(t *testing.T, img *Image, m *crashModel, rf *recFile) {
+	t.Helper()
+	if err := img.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m.flushed(rf.syncs())
 }
 
 // TestCrashHarnessCatchesBrokenOrdering breaks the first ordering rule

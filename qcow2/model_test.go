@@ -798,30 +798,46 @@ func (s *mdlState) edge() {
 	s.verifyAround("after edge request", lo, min(size-lo, 1))
 }
 
-func TestModel(t *testing.T) {
+// mdlCase is one check's image: created from cfg at path, over a backing
+// file holding bcontent when cfg has one.
+type mdlCase struct {
+	cfg      mdlConfig
+	path     string
+	bcontent []byte
+}
+
+// mdlCheckImages runs prop in n checks (short under -short), each on a
+// new image of a drawn configuration in a fresh directory, removed when
+// the check ends, as rapid runs many checks per test.
+func mdlCheckImages(t *testing.T, n, short int, prefix string, prop func(*rapid.T, mdlCase)) {
+	t.Helper()
 	mdlHaveQemu(t)
-	checks := 40
 	if testing.Short() {
-		checks = 10
+		n = short
 	}
-	mdlCheck(t, checks, func(rt *rapid.T) {
-		dir, err := os.MkdirTemp(t.TempDir(), "model")
+	mdlCheck(t, n, func(rt *rapid.T) {
+		dir, err := os.MkdirTemp(t.TempDir(), prefix)
 		if err != nil {
 			rt.Fatal(err)
 		}
 		rt.Cleanup(func() { os.RemoveAll(dir) })
-
-		cfg := mdlDrawConfig(rt, 8<<20)
+		c := mdlCase{cfg: mdlDrawConfig(rt, 8<<20), path: filepath.Join(dir, "img.qcow2")}
 		var backing string
-		var bcontent []byte
-		if cfg.Backing != "" {
-			backing, bcontent = mdlMakeBacking(rt, cfg, dir)
+		if c.cfg.Backing != "" {
+			backing, c.bcontent = mdlMakeBacking(rt, c.cfg, dir)
 		}
-		s := &mdlState{t: rt, cfg: cfg, path: filepath.Join(dir, "img.qcow2"), model: newMdlModel(cfg, bcontent)}
-		rt.Logf("config: %s", cfg)
-		if err := cfg.create(s.path, backing); err != nil {
-			s.fatalf("Create: %v", err)
+		rt.Logf("config: %s", c.cfg)
+		if err := c.cfg.create(c.path, backing); err != nil {
+			rt.Fatalf("Create: %v\nconfig: %s", err, c.cfg)
 		}
+		prop(rt, c)
+	})
+}
+
+func TestModel(t *testing.T) {
+	mdlCheckImages(t, 40, 10, "model", func(rt *rapid.T, c mdlCase) {
+		cfg := c.cfg
+		s := &mdlState{t: rt, cfg: cfg, path: c.path, model: newMdlModel(cfg, c.bcontent)}
 		s.check("after create")
 		s.open()
 		s.durable()
@@ -941,7 +957,7 @@ func TestModel(t *testing.T) {
 		s.op("Close+Open (final)")
 		s.reopen(false)
 		s.verify("final after reopen", 0, size)
-		err = s.img.Close()
+		err := s.img.Close()
 		s.img = nil
 		if err != nil {
 			s.fatalf("final Close: %v", err)
@@ -1091,31 +1107,11 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 }
 
 func TestModelConcurrent(t *testing.T) {
-	mdlHaveQemu(t)
-	checks := 15
-	if testing.Short() {
-		checks = 4
-	}
-	mdlCheck(t, checks, func(rt *rapid.T) {
-		dir, err := os.MkdirTemp(t.TempDir(), "conc")
-		if err != nil {
-			rt.Fatal(err)
-		}
-		rt.Cleanup(func() { os.RemoveAll(dir) })
-		cfg := mdlDrawConfig(rt, 8<<20)
-		var backing string
-		var bcontent []byte
-		if cfg.Backing != "" {
-			backing, bcontent = mdlMakeBacking(rt, cfg, dir)
-		}
-		path := filepath.Join(dir, "img.qcow2")
+	mdlCheckImages(t, 15, 4, "conc", func(rt *rapid.T, c mdlCase) {
+		cfg, path := c.cfg, c.path
 		fail := func(format string, args ...any) {
 			rt.Helper()
 			rt.Fatalf("%s\nconfig: %s", fmt.Sprintf(format, args...), cfg)
-		}
-		rt.Logf("config: %s", cfg)
-		if err := cfg.create(path, backing); err != nil {
-			fail("Create: %v", err)
 		}
 		// Sometimes with random delays in file I/O, to vary the
 		// interleavings, and tiny caches.
@@ -1164,7 +1160,7 @@ func TestModelConcurrent(t *testing.T) {
 		lay.cut = append(lay.cut, cs)
 		rt.Logf("layout: %+v", *lay)
 
-		cm := &mdlConcurrentModel{m: newMdlModel(cfg, bcontent)}
+		cm := &mdlConcurrentModel{m: newMdlModel(cfg, c.bcontent)}
 		if lay.frozen > 0 {
 			n := min(lay.frozen*cs, size)
 			p := mdlFill(0, rapid.Uint64().Draw(rt, "frozen_seed"), n)

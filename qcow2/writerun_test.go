@@ -343,31 +343,11 @@ func TestCrashConsistencyBigWrites(t *testing.T) {
 			n := min(rng.Int63n(40*cs)+1, size-off)
 			switch k := rng.Intn(10); {
 			case k < 7:
-				p := make([]byte, n)
-				rng.Read(p)
-				fua := rng.Intn(5) == 0
-				if _, err := img.WriteAt(p, off, fua); err != nil {
-					t.Fatal(err)
-				}
-				m.write(off, p, false)
-				if fua {
-					m.fuaDone(rf.syncs())
-				}
+				crashWrite(t, img, m, rf, rng, off, n, 5)
 			case k < 8:
-				if err := img.Discard(off, n); err != nil {
-					t.Fatal(err)
-				}
-				m.write(off, make([]byte, n), true)
-				got := make([]byte, n)
-				if _, err := img.ReadAt(got, off); err != nil {
-					t.Fatal(err)
-				}
-				copy(m.cur[off:], got)
+				crashDiscard(t, img, m, off, n)
 			default:
-				if err := img.Flush(); err != nil {
-					t.Fatal(err)
-				}
-				m.flushed(rf.syncs())
+				crashFlush(t, img, m, rf)
 			}
 		}
 	}

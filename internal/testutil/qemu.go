@@ -12,9 +12,7 @@
 package testutil
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -31,23 +29,11 @@ func tool(t testing.TB, name string) string {
 	return p
 }
 
-// run runs a tool and returns its output and exit code. It fails the test
-// only when the tool cannot be started.
+// run runs a QEMU tool in the test's folder and returns its output and
+// exit code. It fails the test only when the tool cannot be started.
 func run(t testing.TB, name string, args []string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(tool(t, name), args...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-	case errors.As(err, &exit):
-		code = exit.ExitCode()
-	default:
-		t.Fatalf("testutil: %s %s: %v", name, strings.Join(args, " "), err)
-	}
-	return out.String(), errb.String(), code
+	return RunIn(t, "", name, args...)
 }
 
 // QemuImg runs qemu-img with args and returns its standard output. It fails
@@ -75,11 +61,7 @@ func QemuImgExit(t testing.TB, args ...string) (out string, code int) {
 // command (qemu-io 7.2 exits 1 then; the text check covers older ones).
 func QemuIO(t testing.TB, file, format string, cmds ...string) string {
 	t.Helper()
-	args := []string{"-f", format}
-	for _, c := range cmds {
-		args = append(args, "-c", c)
-	}
-	args = append(args, file)
+	args := qemuIOArgs(file, format, cmds)
 	out, stderr, code := run(t, "qemu-io", args)
 	if code != 0 || strings.Contains(out+stderr, "failed") {
 		t.Fatalf("qemu-io %s: exit %d\nstderr: %s\nstdout: %s", strings.Join(args, " "), code, stderr, out)
@@ -87,16 +69,22 @@ func QemuIO(t testing.TB, file, format string, cmds ...string) string {
 	return out
 }
 
+// qemuIOArgs is the command line `qemu-io -f format -c cmd ... file`
+// without the program name.
+func qemuIOArgs(file, format string, cmds []string) []string {
+	args := []string{"-f", format}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	return append(args, file)
+}
+
 // QemuIOExit is QemuIO for command lists that are expected to end the
 // process abnormally (`sigraise 9` to leave a dirty image behind): it
 // returns the combined output and the exit code instead of judging them.
 func QemuIOExit(t testing.TB, file, format string, cmds ...string) (out string, code int) {
 	t.Helper()
-	args := []string{"-f", format}
-	for _, c := range cmds {
-		args = append(args, "-c", c)
-	}
-	args = append(args, file)
+	args := qemuIOArgs(file, format, cmds)
 	stdout, stderr, code := run(t, "qemu-io", args)
 	return stdout + stderr, code
 }
