@@ -11,6 +11,23 @@ import (
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
+// untrustedLayout makes the folder an untrusted image lives in (dir, in
+// root) and a host file outside it that the image must not reach (secret,
+// 64 KiB of "s").
+func untrustedLayout(t *testing.T) (root, dir, secret string) {
+	t.Helper()
+	root = shortTempDir(t)
+	dir = filepath.Join(root, "images")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	secret = filepath.Join(root, "secret.raw")
+	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 1<<16)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return root, dir, secret
+}
+
 // TestUntrustedFlag: with --untrusted, ovis img and ovis nbd refuse an
 // image whose backing file lies outside its folder (here: a "secret" next
 // to the folder, reached by an absolute name, by ../ and by a symlink),
@@ -18,15 +35,7 @@ import (
 // the folder still works. Without the flag, QEMU's behaviour stays: the
 // image opens.
 func TestUntrustedFlag(t *testing.T) {
-	root := shortTempDir(t)
-	dir := filepath.Join(root, "images")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(root, "secret.raw")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 1<<16)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root, dir, secret := untrustedLayout(t)
 	if err := os.Symlink(secret, filepath.Join(dir, "link.raw")); err != nil {
 		t.Fatal(err)
 	}
@@ -87,15 +96,7 @@ const probeRefusal = "the image format must be given (-f FMT): probing the forma
 // is, as qemu-img -f raw does.
 func TestUntrustedRefusesProbing(t *testing.T) {
 	t.Parallel()
-	root := shortTempDir(t)
-	dir := filepath.Join(root, "images")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	secret := filepath.Join(root, "secret.raw")
-	if err := os.WriteFile(secret, []byte(strings.Repeat("s", 1<<16)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	root, dir, secret := untrustedLayout(t)
 	// The guest disk: a qcow2 header pointing at the secret.
 	disk := filepath.Join(dir, "disk.img")
 	runTool(t, "qemu-img", "create", "-q", "-f", "qcow2", "-b", secret, "-F", "raw", disk, "64k")
