@@ -23,7 +23,8 @@ type Options struct {
 	// L2CacheEntrySize is the size of one L2 cache entry, a power of two
 	// from 512 bytes to the cluster size (l2-cache-entry-size). Entries
 	// smaller than a cluster cache slices of L2 tables. The default (0) is
-	// the cluster size.
+	// the cluster size when the L2 cache covers the whole disk, and 4 KiB
+	// (or the cluster size, if smaller) when it does not, as in QEMU.
 	L2CacheEntrySize int64
 	// RefcountCacheSize is the refcount block cache size in bytes
 	// (refcount-cache-size). The default (0) is four clusters.
@@ -233,6 +234,12 @@ func (o *Options) cacheSizes(clusterSize, virtualSize int64, l2EntryBytes int) (
 		if rc == 0 {
 			rc = minRC
 		}
+	}
+	// A cache too small for the whole disk defaults to 4 KiB entries, as
+	// QEMU's does: a miss then reads 4 KiB instead of a whole table, and
+	// the same bytes hold more, smaller pieces of more tables.
+	if o.L2CacheEntrySize == 0 && min(l2, maxL2) < maxL2 {
+		entrySize = min(clusterSize, 4096)
 	}
 	// Never more than all L2 tables need.
 	l2 = min(l2, max(maxL2, 2*entrySize))

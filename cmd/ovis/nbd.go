@@ -133,7 +133,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cfg.PidFile, "pid-file", "", "write the server's process ID to this file")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
 	f.StringVar(&l2Size, "l2-cache-size", "", "qcow2 L2 cache size in bytes (default: whole disk, at most 32M)")
-	f.StringVar(&l2EntrySize, "l2-cache-entry-size", "", "qcow2 L2 cache entry size in bytes (default: the cluster size)")
+	f.StringVar(&l2EntrySize, "l2-cache-entry-size", "", "qcow2 L2 cache entry size in bytes (default: the cluster size, or 4 KiB when the L2 cache cannot cover the disk, as in QEMU)")
 	f.StringVar(&rcSize, "refcount-cache-size", "", "qcow2 refcount cache size in bytes (default: 4 clusters)")
 	f.StringVar(&cacheSize, "cache-size", "", "qcow2 L2 and refcount caches together, in bytes")
 	f.IntVar(&cfg.CacheCleanInterval, "cache-clean-interval", serve.DefaultCacheCleanInterval, "drop qcow2 cache entries unused for this many seconds (0: never)")
