@@ -7,10 +7,15 @@
 # hot job's IOPS and the total per policy, and qemu-nbd's.
 #
 # Usage: bench/l2cache-mixed.sh [RUNTIME s (default 10)] [REPS (default 3)]
+# Environment: ENTRIES (default 24), HOT_GIB (the hot set, default 4),
+# STRIDE (the scan's gap between reads, default 64M; 512M makes every scan
+# read a new table).
 source "$(dirname "$0")/lib.sh"
 RUNTIME=${1:-10}
 REPS=${2:-3}
 ENTRIES=${ENTRIES:-24}
+HOT_GIB=${HOT_GIB:-4}
+STRIDE=${STRIDE:-64M}
 need_tools
 build_ovis
 cd "$BENCH_DIR"
@@ -22,8 +27,8 @@ bytes=$((ENTRIES * 65536))
 hot_cold() {
 	fio --ioengine=nbd --uri="nbd+unix:///?socket=$1" --time_based --runtime="$RUNTIME" --ramp_time=1 \
 		--output-format=json \
-		--name=hot --rw=randread --bs=4k --iodepth=8 --offset=0 --size=4G \
-		--name=cold --rw=read:64M --bs=4k --iodepth=8 --offset=4G --size=36G 2>/dev/null |
+		--name=hot --rw=randread --bs=4k --iodepth=8 --offset=0 --size="${HOT_GIB}G" \
+		--name=cold --rw=read:"$STRIDE" --bs=4k --iodepth=8 --offset="${HOT_GIB}G" --size="$((40 - HOT_GIB))G" 2>/dev/null |
 		python3 -c 'import json,sys; j={x["jobname"]:x["read"]["iops"] for x in json.loads((lambda t: t[t.index("{"):])(sys.stdin.read()))["jobs"]}; print(round(j["hot"]), round(j["hot"]+j["cold"]))'
 }
 
