@@ -15,12 +15,12 @@ const hugePage = 2 << 20
 // Where the mapping fails, the buffers come from the Go heap.
 func CopyBuffers(n, size int) ([][]byte, func()) {
 	bufs := make([][]byte, n)
-	// Round each buffer up so that the next one starts aligned.
-	stride := (size + DirectAlign - 1) &^ (DirectAlign - 1)
-	total := (n*stride + hugePage - 1) &^ (hugePage - 1)
 	if n == 0 || size == 0 {
 		return bufs, func() {}
 	}
+	// Round each buffer up so that the next one starts aligned.
+	stride := (size + DirectAlign - 1) &^ (DirectAlign - 1)
+	total := (n*stride + hugePage - 1) &^ (hugePage - 1)
 	region, err := unix.Mmap(-1, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		for i := range bufs {

@@ -117,6 +117,12 @@ func isAbs(p string) bool { return filepath.IsAbs(p) }
 // name.
 var ErrUntrusted = errors.New("not allowed for an untrusted image")
 
+// ErrProbeUntrusted is the refusal to probe the format of an untrusted
+// image: a raw guest disk that wrote a qcow2 header into its first sector
+// would be read as qcow2, naming any host file as its backing file. It
+// wraps ErrUntrusted.
+var ErrProbeUntrusted = fmt.Errorf("the image format must be given (-f FMT): probing the format is %w", ErrUntrusted)
+
 // Confine checks that name, a file the image at path image refers to, is
 // a regular file inside the image's folder once symlinks are resolved —
 // the rule of Options.Untrusted, for callers that follow a chain by

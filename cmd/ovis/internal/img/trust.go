@@ -23,14 +23,13 @@ func trust(o qcow2.Options) qcow2.Options {
 	return o
 }
 
-// requireFormat refuses to probe the format of an untrusted image: a raw
-// guest disk that writes a qcow2 header into its first sector would be
-// read as qcow2, naming any host file as its backing file.
+// requireFormat refuses to probe the format of an untrusted image
+// (qcow2.ErrProbeUntrusted).
 func requireFormat(filename, format string) error {
 	if format != "" || !untrusted.Load() {
 		return nil
 	}
-	return fmt.Errorf("Could not open '%s': the image format must be given (-f FMT): probing the format is %w", filename, qcow2.ErrUntrusted)
+	return fmt.Errorf("Could not open '%s': %w", filename, qcow2.ErrProbeUntrusted)
 }
 
 // noBackingFormat refuses the backing file of an untrusted image whose

@@ -236,9 +236,7 @@ func (c *Config) Validate() error {
 	case c.Format != "" && c.Format != "qcow2" && c.Format != "raw":
 		return fmt.Errorf("Failed to blk_new_open '%s': Unknown driver '%s'", c.File, c.Format)
 	case c.Untrusted && c.Format == "":
-		// A probed raw guest disk could pass for qcow2 and name any host
-		// file as its backing file.
-		return fmt.Errorf("Failed to blk_new_open '%s': the image format must be given (-f FMT): probing the format is %w", c.File, qcow2.ErrUntrusted)
+		return fmt.Errorf("Failed to blk_new_open '%s': %w", c.File, qcow2.ErrProbeUntrusted)
 	case c.Socket != "" && !filepath.IsAbs(c.Socket):
 		return errors.New("socket path must be absolute")
 	case len(c.ExportName) > maxNameLen:
