@@ -30,6 +30,7 @@ type DirectFile struct {
 	// growMu serializes writes whose last block is partial, which may
 	// extend the file and then truncate it back.
 	growMu sync.Mutex
+	lk     imageLock
 }
 
 var _ File = (*DirectFile)(nil)
@@ -198,8 +199,17 @@ func (d *DirectFile) Size() (int64, error) {
 	return st.Size(), nil
 }
 
-// Close closes the file.
-func (d *DirectFile) Close() error { return d.f.Close() }
+// LockImage takes QEMU's image locks on the file until it is closed
+// (ImageLocker).
+func (d *DirectFile) LockImage(path string, perm, unshared Perm) error {
+	return d.lk.lock(d.f, path, perm, unshared)
+}
+
+// Close drops the file's image locks and closes it.
+func (d *DirectFile) Close() error {
+	d.lk.release()
+	return d.f.Close()
+}
 
 // Fd returns the file descriptor.
 func (d *DirectFile) Fd() uintptr { return d.f.Fd() }

@@ -28,7 +28,8 @@ type File interface {
 
 // OSFile is a File backed by an *os.File.
 type OSFile struct {
-	f *os.File
+	f  *os.File
+	lk imageLock
 }
 
 var _ File = (*OSFile)(nil)
@@ -91,8 +92,17 @@ func (o *OSFile) Size() (int64, error) {
 	return st.Size(), nil
 }
 
-// Close closes the file.
-func (o *OSFile) Close() error { return o.f.Close() }
+// LockImage takes QEMU's image locks on the file until it is closed
+// (ImageLocker).
+func (o *OSFile) LockImage(path string, perm, unshared Perm) error {
+	return o.lk.lock(o.f, path, perm, unshared)
+}
+
+// Close drops the file's image locks and closes it.
+func (o *OSFile) Close() error {
+	o.lk.release()
+	return o.f.Close()
+}
 
 // Name returns the path the file was opened with.
 func (o *OSFile) Name() string { return o.f.Name() }

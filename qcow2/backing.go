@@ -48,7 +48,7 @@ func openDevice(path, format string, o Options, seen map[string]bool) (block.Dev
 	case "qcow2":
 		return openChain(path, o, seen)
 	case "raw":
-		f, err := o.openFile(path, o.ReadOnly)
+		f, err := o.openLocked(path, roleRaw)
 		if err != nil {
 			return nil, err
 		}
@@ -87,6 +87,7 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 	bo.ReadOnly = true
 	bo.NoBacking = false
 	bo.ForCheck = false // only the image checked is opened for check
+	bo.FixedSize, bo.Resize = false, false
 	b, err := openDevice(p, img.hdr.BackingFormat, bo, seen)
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening backing file: %w", img.path, err)

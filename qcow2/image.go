@@ -179,7 +179,7 @@ func Open(path string, o Options) (*Image, error) {
 }
 
 func openChain(path string, o Options, seen map[string]bool) (*Image, error) {
-	f, err := o.openFile(path, o.ReadOnly)
+	f, err := o.openLocked(path, roleImage)
 	if err != nil {
 		return nil, fmt.Errorf("qcow2: %w", err)
 	}
@@ -371,7 +371,7 @@ func (img *Image) openDataFile(o Options) error {
 		}
 		p = real
 	}
-	f, err := o.openFile(p, o.ReadOnly)
+	f, err := o.openLocked(p, roleData)
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening data file: %w", img.path, err)
 	}

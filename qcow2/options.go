@@ -54,9 +54,67 @@ type Options struct {
 	// refused. Such an image must not be read or written; the default
 	// (false) refuses it with a *CorruptError.
 	ForCheck bool
+	// ForceShare is qemu-img's -U for a read-only open: the image opens
+	// even while another process writes it, and this open does not keep
+	// writers out. Read-write opens ignore it.
+	ForceShare bool
+	// FixedSize is for an image whose size its user has told others (an
+	// NBD export): other processes may not resize it, as QEMU's block
+	// exports refuse to share resizing. Backing files ignore it.
+	FixedSize bool
+	// Resize is for a writer that resizes a raw image (qemu-img resize):
+	// it holds the resize permission, which an NBD export of the file
+	// refuses to share. Writable qcow2 images always hold it.
+	Resize bool
 	// OpenFile opens the image's own file, its data file and backing
-	// files. nil means block.OpenFile.
+	// files. nil means block.OpenFile. The files it returns are locked as
+	// QEMU locks them (block.Perm) if they are block.ImageLockers.
 	OpenFile func(name string, readOnly bool) (block.File, error)
+}
+
+// fileRole is what a file is to the image being opened, which decides
+// the permissions QEMU locks on it.
+type fileRole int
+
+const (
+	roleImage fileRole = iota // a qcow2 image's own file
+	roleData                  // its external data file
+	roleRaw                   // a raw image
+)
+
+// openLocked opens name as openFile does and takes the image locks QEMU
+// takes on a file in that role: a reader refuses to share writing and
+// resizing of qcow2 metadata, which it caches; a writer also holds them.
+func (o *Options) openLocked(name string, role fileRole) (block.File, error) {
+	f, err := o.openFile(name, o.ReadOnly)
+	if err != nil {
+		return nil, err
+	}
+	perm := block.PermConsistentRead
+	if !o.ReadOnly {
+		perm |= block.PermWrite
+		if role != roleRaw || o.Resize {
+			perm |= block.PermResize
+		}
+	}
+	var unshared block.Perm
+	switch role {
+	case roleImage:
+		unshared = block.PermWrite | block.PermResize
+	case roleData:
+		unshared = block.PermResize
+	}
+	if o.ForceShare && o.ReadOnly {
+		unshared = 0
+	}
+	if o.FixedSize {
+		unshared |= block.PermResize
+	}
+	if err := block.LockFile(f, name, perm, unshared); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }
 
 func (o *Options) openFile(name string, readOnly bool) (block.File, error) {

@@ -21,6 +21,7 @@ func newImgBenchCmd() *cobra.Command {
 			"and refcount caches.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
@@ -41,10 +42,9 @@ func newImgBenchCmd() *cobra.Command {
 	f.StringVarP(&cfg.Step, "step", "S", "", "distance between request offsets (default: the size)")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "cache mode: writeback (default), writethrough, none, directsync, unsafe")
 	f.BoolVarP(&cfg.Write, "write", "w", false, "send writes")
-	// Accepted for qemu-img compatibility: ovis has one I/O engine and
-	// takes no locks.
+	// Accepted for qemu-img compatibility: ovis has one I/O engine.
 	f.BoolVarP(&native, "native", "n", false, "native AIO (accepted; ovis uses its own I/O)")
 	f.StringVarP(&aio, "aio", "i", "", "AIO mode (accepted; ovis uses its own I/O)")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

@@ -20,6 +20,7 @@ func newImgCheckCmd() *cobra.Command {
 			"-r all also repairs refcounts and COPIED flags.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if cfg.Repair != "" {
 				if err := img.ParseRepair(cfg.Repair); err != nil {
 					return err
@@ -37,7 +38,6 @@ func newImgCheckCmd() *cobra.Command {
 	f.StringVarP(&cfg.Repair, "repair", "r", "", "repair leaks, or all inconsistencies")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
-	// ovis takes no image locks, so -U (force share) changes nothing.
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

@@ -20,6 +20,7 @@ func newImgCompareCmd() *cobra.Command {
 			"must read as zeros; -s (strict) also fails on different sizes or allocation.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) != 2 {
 				return img.UsageError("Expecting two image file names")
 			}
@@ -33,6 +34,6 @@ func newImgCompareCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Strict, "strict", "s", false, "fail on different sizes or allocation too")
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the images even if they are in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the images even if they are in use")
 	return cmd
 }

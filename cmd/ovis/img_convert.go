@@ -23,6 +23,7 @@ func newImgConvertCmd() *cobra.Command {
 			"allows them to overlap (faster, and -c then compresses on all cores).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) > 2 {
 				return errors.New("ovis img convert takes one source image")
 			}
@@ -48,7 +49,7 @@ func newImgConvertCmd() *cobra.Command {
 	f.IntVarP(&cfg.Workers, "parallel", "m", img.DefaultWorkers, "requests in flight (1-16)")
 	f.BoolVarP(&cfg.Unordered, "unordered", "W", false, "allow out-of-order writes (faster; compresses on all cores)")
 	f.BoolVar(&cfg.TargetIsZero, "target-is-zero", false, "with -n: the output reads as zeros already, so zeros are not written")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the source even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the source even if it is in use")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "output cache mode (default unsafe: no sync; writeback, writethrough, none, directsync sync at the end)")
 	f.StringVarP(&cfg.SourceCache, "source-cache", "T", "", "source cache mode (default writeback; none and directsync read with O_DIRECT)")
 	return cmd

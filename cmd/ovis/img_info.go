@@ -18,6 +18,7 @@ func newImgInfoCmd() *cobra.Command {
 			"and format-specific fields, as text or as JSON with the same keys and order.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
@@ -29,7 +30,6 @@ func newImgInfoCmd() *cobra.Command {
 	f.StringVarP(&cfg.Format, "format", "f", "", "image format (default: probe)")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVar(&cfg.BackingChain, "backing-chain", false, "describe every image of the backing chain")
-	// ovis takes no image locks, so -U (force share) changes nothing.
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

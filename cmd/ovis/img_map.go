@@ -18,6 +18,7 @@ func newImgMapCmd() *cobra.Command {
 			"chain and host offset that hold them, as qemu-img map does.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
@@ -30,6 +31,6 @@ func newImgMapCmd() *cobra.Command {
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.StringVarP(&cfg.StartOffset, "start-offset", "s", "", "first byte to map")
 	f.StringVarP(&cfg.MaxLength, "max-length", "l", "", "most bytes to map")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

@@ -21,6 +21,7 @@ func newImgMeasureCmd() *cobra.Command {
 			"fully allocated (and, from a qcow2 image, the room its bitmaps take).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			if len(args) > 1 {
 				return errors.New("At most one filename argument is allowed.")
 			}
@@ -36,6 +37,6 @@ func newImgMeasureCmd() *cobra.Command {
 	f.StringArrayVarP(&cfg.Options, "options", "o", nil, "options of the new image, name=value[,...]")
 	f.StringVar(&cfg.Size, "size", "", "virtual size of an empty new image")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

@@ -22,6 +22,7 @@ func newImgRebaseCmd() *cobra.Command {
 			"-u only rewrites the header.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg.ForceShare = forceShare
 			cfg.HasBacking = cmd.Flags().Changed("backing")
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
@@ -37,7 +38,7 @@ func newImgRebaseCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Unsafe, "unsafe", "u", false, "only rewrite the header")
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "no progress")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the backing files even if they are in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the backing files even if they are in use")
 	f.VarP(&cache, "cache", "t", "cache mode of the image (accepted)")
 	f.VarP(&srcCache, "source-cache", "T", "cache mode of the backing files (accepted)")
 	return cmd

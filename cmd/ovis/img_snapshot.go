@@ -21,6 +21,7 @@ func newImgSnapshotCmd() *cobra.Command {
 			"one (by ID or name), -d deletes one (by name).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			img.SetForceShare(forceShare)
 			f := cmd.Flags()
 			n := 0
 			for _, a := range []struct {
@@ -52,6 +53,6 @@ func newImgSnapshotCmd() *cobra.Command {
 	f.StringVarP(&create, "create", "c", "", "create a snapshot")
 	f.StringVarP(&del, "delete", "d", "", "delete a snapshot")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "quiet (there is no output to hide but the list)")
-	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use (ovis never locks)")
+	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	return cmd
 }

@@ -324,9 +324,6 @@ func nbdinfo(t *testing.T, uri string, args ...string) nbdInfo {
 // CAN_MULTI_CONN when more than one connection is allowed.
 func TestNBDInfo(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	image := filepath.Join(dir, "disk.qcow2")
-	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", image, "1M")
 	type flags struct{ ro, trim, zero, multi bool }
 	for _, tc := range []struct {
 		name string
@@ -342,6 +339,9 @@ func TestNBDInfo(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			// An image each: a writer keeps other servers out.
+			image := filepath.Join(t.TempDir(), "disk.qcow2")
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", image, "1M")
 			args := append([]string{"-t", "-D", "disk " + tc.name}, tc.args...)
 			s := startNBD(t, nbdRun{export: tc.name, args: append(args, image)})
 			e := nbdinfo(t, s.uri).Exports[0]

@@ -43,7 +43,9 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	if cfg.Base != "" {
 		cfg.Drop = true
 	}
-	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
+	// Read-write, as QEMU opens it: no other process may use the image
+	// while its data moves down the chain and it is emptied.
+	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{})
 	if err != nil {
 		return err
 	}

@@ -109,7 +109,8 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	switch {
 	case backing != "" && !cfg.Unsafe:
 		full := combinePath(cfg.Filename, backing)
-		dev, err := qcow2.OpenDevice(full, backingFmt, qcow2.Options{ReadOnly: true, NoBacking: true})
+		// Only its size is read: QEMU opens it even while in use.
+		dev, err := qcow2.OpenDevice(full, backingFmt, qcow2.Options{ReadOnly: true, NoBacking: true, ForceShare: true})
 		if err != nil {
 			return fmt.Errorf("%s\nCould not open backing image.", openReason(err))
 		}

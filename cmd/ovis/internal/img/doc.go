@@ -7,7 +7,9 @@
 // QEMU's progress figures), its error messages where ovis can produce
 // them, and its exit codes (check: 0 clean, 2 corrupt, 3 leaks, 63 no
 // checks; compare: 0 same, 1 different, 2 open failure, 3 and 4 I/O
-// failures), which verbs return as an *ExitError.
+// failures), which verbs return as an *ExitError. Images are locked as
+// qemu-img locks them (block.Perm), and -U (SetForceShare) opens readers
+// beside a writer.
 //
 // The package turns command-line values into calls on the qcow2 engine and
 // on block.Raw; it owns no on-disk format itself, with two stopgaps

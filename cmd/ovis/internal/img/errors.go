@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -33,7 +34,10 @@ func strerror(err error) string {
 func openReason(err error) string {
 	var pe *fs.PathError
 	var fe *qcow2.FormatError
+	var le *block.LockError
 	switch {
+	case errors.As(err, &le):
+		return le.Error()
 	case errors.As(err, &pe):
 		return fmt.Sprintf("Could not open '%s': %s", pe.Path, strerror(pe.Err))
 	case errors.As(err, &fe):

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -36,7 +37,9 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 // the reason of the first layer that does not open on its own, behind one
 // "Could not open backing file: " per layer above it.
 func chainReason(filename, format string, err error, depth int) string {
-	if depth > 16 {
+	// This layer opens read-only on its own, but another process holds
+	// it against the open that failed.
+	if le := (*block.LockError)(nil); depth > 16 || errors.As(err, &le) && le.Path == filename {
 		return openReason(err)
 	}
 	dev, err1 := qcow2.OpenDevice(filename, format, trust(qcow2.Options{ReadOnly: true, NoBacking: true}))

@@ -31,6 +31,9 @@ type RebaseConfig struct {
 	// Progress (-p) prints QEMU's progress figure on stdout; Quiet (-q)
 	// turns it off.
 	Progress, Quiet bool
+	// ForceShare (-U) opens the new backing file even while another
+	// process writes it. The image's own chain is opened as always.
+	ForceShare bool
 }
 
 // Rebase changes an image's backing file as qemu-img rebase does. In safe
@@ -106,7 +109,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 		if prefix = findBacking(chain, real); prefix >= 0 {
 			newBacking = chain[prefix].dev
 		} else {
-			nb, err := openImage(real, cfg.BackingFormat, qcow2.Options{ReadOnly: true})
+			nb, err := openImage(real, cfg.BackingFormat, qcow2.Options{ReadOnly: true, ForceShare: cfg.ForceShare})
 			if err != nil {
 				return fmt.Errorf("Could not open new backing file '%s': %s", cfg.Backing, unwrapOpen(err, real))
 			}

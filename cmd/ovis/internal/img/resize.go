@@ -59,7 +59,7 @@ func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) err
 			"Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n" +
 			"and exabytes, respectively.")
 	}
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
+	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{Resize: true}, stderr)
 	if err != nil {
 		return err
 	}
@@ -69,11 +69,13 @@ func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) err
 		total = current + int64(n)*int64(relative)
 	}
 	err = resizeDevice(ctx, dev, cfg, current, total, prealloc)
+	if _, raw := dev.(*block.Raw); raw && err == nil {
+		// Through a descriptor of its own, while dev holds the image's
+		// locks.
+		err = truncateRaw(ctx, cfg.Filename, total, prealloc)
+	}
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
-	}
-	if _, raw := dev.(*block.Raw); raw && err == nil {
-		err = truncateRaw(ctx, cfg.Filename, total, prealloc)
 	}
 	if err != nil {
 		return err
@@ -108,7 +110,7 @@ func resizeDevice(ctx context.Context, dev block.Device, cfg ResizeConfig, curre
 		}
 		return nil
 	case *block.Raw:
-		return nil // truncated once closed
+		return nil // truncated by truncateRaw
 	}
 	return fmt.Errorf("Image format does not support resizing")
 }

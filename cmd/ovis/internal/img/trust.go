@@ -17,9 +17,17 @@ var untrusted atomic.Bool
 // (qcow2.Options.Untrusted).
 func SetUntrusted(v bool) { untrusted.Store(v) }
 
-// trust applies --untrusted to o.
+// forceShare is the verb's -U, process-wide for the same reason.
+var forceShare atomic.Bool
+
+// SetForceShare makes every read-only open from now on ignore, and not
+// hold, the image locks that keep writers out (qemu-img's -U).
+func SetForceShare(v bool) { forceShare.Store(v) }
+
+// trust applies --untrusted and -U to o.
 func trust(o qcow2.Options) qcow2.Options {
 	o.Untrusted = o.Untrusted || untrusted.Load()
+	o.ForceShare = o.ForceShare || forceShare.Load()
 	return o
 }
 

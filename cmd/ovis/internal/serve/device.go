@@ -56,6 +56,8 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 	if c.Snapshot {
 		dev, err = openOverlay(c.File, format, o, c.ReadOnly)
 	} else {
+		// Clients are told the size: others may not resize the image.
+		o.FixedSize = true
 		dev, err = qcow2.OpenDevice(c.File, format, o)
 	}
 	if err != nil {
@@ -112,7 +114,13 @@ func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.De
 // openError is qemu-nbd's message for an image it cannot open, keeping
 // the cause for errors.Is.
 func openError(path string, err error) error {
-	return &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': %s", path, openReason(err)), err: err}
+	reason := openReason(err)
+	if le := (*block.LockError)(nil); errors.As(err, &le) && le.Path != path {
+		// A backing file another process holds (QEMU names each layer
+		// above it; ovis one).
+		reason = "Could not open backing file: " + reason
+	}
+	return &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': %s", path, reason), err: err}
 }
 
 // openReason says why an image could not be opened in QEMU's words where
@@ -121,8 +129,11 @@ func openReason(err error) string {
 	var (
 		pe *fs.PathError
 		fe *qcow2.FormatError
+		le *block.LockError
 	)
 	switch {
+	case errors.As(err, &le):
+		return le.Error()
 	case errors.As(err, &fe):
 		return "Image is not in qcow2 format"
 	case errors.As(err, &pe):

@@ -39,7 +39,8 @@
 // file); --idle-timeout (none by default) closes idle connections, which
 // qemu-nbd cannot; the -s overlay is unlinked as soon as it is open; the
 // qcow2 cache options are flags rather than --image-opts. Image files are
-// not locked.
+// locked as qemu-nbd locks them (block.Perm), the export refusing others
+// the right to resize it.
 //
 // Not done here: qemu-nbd's --image-opts, --object, -o/--offset, -l
 // (internal snapshots), -B (dirty bitmaps), -c/-d (the kernel client),
