@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -618,4 +619,36 @@ func (img *Image) shrinkLocked(size int64) error {
 		img.pendingFree = append(img.pendingFree, uint64(c)<<img.clusterBits)
 	}
 	return img.flushExclusiveLocked()
+}
+
+// LoadSnapshot makes a read-only image read as one of its internal
+// snapshots from now on, as QEMU's qcow2_snapshot_load_tmp does for
+// qemu-nbd -l: the snapshot's L1 table takes the active one's place,
+// while the virtual size stays the image's (clusters past the snapshot's
+// L1 table read as unallocated). The snapshot is the one whose ID is id
+// and whose name is name; an empty id or name matches any, not both.
+func (img *Image) LoadSnapshot(id, name string) error {
+	if !img.ro {
+		return errors.New("qcow2: loading a snapshot for reading needs a read-only image")
+	}
+	img.gate.Lock()
+	defer img.gate.Unlock()
+	if err := img.checkOpen(); err != nil {
+		return err
+	}
+	img.mu.Lock()
+	defer img.mu.Unlock()
+	i := slices.IndexFunc(img.snapshots, func(s Snapshot) bool {
+		return (id != "" || name != "") && (id == "" || s.ID == id) && (name == "" || s.Name == name)
+	})
+	if i < 0 {
+		return ErrSnapshotNotFound
+	}
+	// Read with mu held: no I/O is in flight (gate) and this happens once.
+	l1, err := img.readL1Exclusive(img.snapshots[i])
+	if err != nil {
+		return fmt.Errorf("qcow2: snapshot %q: %w", img.snapshots[i].Name, err)
+	}
+	img.l1 = l1
+	return nil
 }

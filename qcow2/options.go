@@ -66,6 +66,10 @@ type Options struct {
 	// it holds the resize permission, which an NBD export of the file
 	// refuses to share. Writable qcow2 images always hold it.
 	Resize bool
+	// NoLock takes and tests no image locks on the image's own file
+	// (QEMU's file.locking=off); its backing and data files are locked
+	// as always.
+	NoLock bool
 	// OpenFile opens the image's own file, its data file and backing
 	// files. nil means block.OpenFile. The files it returns are locked as
 	// QEMU locks them (block.Perm) if they are block.ImageLockers.
@@ -109,6 +113,9 @@ func (o *Options) openLocked(name string, role fileRole) (block.File, error) {
 	}
 	if o.FixedSize {
 		unshared |= block.PermResize
+	}
+	if o.NoLock && role != roleData {
+		return f, nil
 	}
 	if err := block.LockFile(f, name, perm, unshared); err != nil {
 		f.Close()

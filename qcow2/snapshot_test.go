@@ -576,3 +576,65 @@ func FuzzSnapshotTable(f *testing.F) {
 		}
 	})
 }
+
+// TestLoadSnapshot: a read-only image reads as one of its internal
+// snapshots after LoadSnapshot, as qemu-nbd -l shows it: the snapshot's
+// data, zeros past the snapshot's L1 table, the image's current size.
+func TestLoadSnapshot(t *testing.T) {
+	qimg := needQemuImg(t)
+	path := filepath.Join(t.TempDir(), "s.qcow2")
+	mustRun(t, qimg, "create", "-f", "qcow2", path, "1M")
+	mustRun(t, "qemu-io", "-f", "qcow2", "-c", "write -P 1 0 64k", path)
+	mustRun(t, qimg, "snapshot", "-c", "snap1", path)
+	mustRun(t, qimg, "resize", path, "1G") // past the snapshot's L1 table
+	mustRun(t, "qemu-io", "-f", "qcow2", "-c", "write -P 2 0 64k", "-c", "write -P 3 600M 64k", path)
+
+	rw, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.LoadSnapshot("1", ""); err == nil {
+		t.Error("LoadSnapshot on a read-write image succeeded")
+	}
+	rw.Close()
+
+	for _, c := range []struct {
+		id, name string
+		found    bool
+	}{
+		{"1", "", true}, {"", "snap1", true}, {"1", "snap1", true},
+		{"2", "", false}, {"1", "other", false}, {"", "", false},
+	} {
+		img, err := Open(path, Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = img.LoadSnapshot(c.id, c.name)
+		if !c.found {
+			if !errors.Is(err, ErrSnapshotNotFound) {
+				t.Errorf("LoadSnapshot(%q, %q) = %v, want ErrSnapshotNotFound", c.id, c.name, err)
+			}
+			img.Close()
+			continue
+		}
+		if err != nil {
+			t.Fatalf("LoadSnapshot(%q, %q): %v", c.id, c.name, err)
+		}
+		if img.Size() != 1<<30 {
+			t.Errorf("size %d after loading the snapshot, want the image's 1 GiB", img.Size())
+		}
+		for _, r := range []struct {
+			off  int64
+			want byte
+		}{{0, 1}, {64 << 10, 0}, {600 << 20, 0}} {
+			buf := make([]byte, 64<<10)
+			if _, err := img.ReadAt(buf, r.off); err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Count(buf, []byte{r.want}) != len(buf) {
+				t.Errorf("snapshot (%q, %q) at %d: want all %d, got %x...", c.id, c.name, r.off, r.want, buf[:8])
+			}
+		}
+		img.Close()
+	}
+}

@@ -12,6 +12,7 @@ func newImgBenchCmd() *cobra.Command {
 		native, forceShare bool
 		aio                string
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "bench [-c COUNT] [-d DEPTH] [-f FMT] [--flush-interval=N] [--no-drain] [-n] [-o OFFSET] [--pattern=N] [-q] [-s SIZE] [-S STEP] [-t CACHE] [-w] [-U] FILENAME",
 		Short: "Time a run of sequential requests",
@@ -25,7 +26,10 @@ func newImgBenchCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Bench(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
@@ -46,5 +50,6 @@ func newImgBenchCmd() *cobra.Command {
 	f.BoolVarP(&native, "native", "n", false, "native AIO (accepted; ovis uses its own I/O)")
 	f.StringVarP(&aio, "aio", "i", "", "AIO mode (accepted; ovis uses its own I/O)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -11,6 +11,7 @@ func newImgCheckCmd() *cobra.Command {
 		cfg        img.CheckConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "check [-f FMT] [-r leaks|all] [--output=human|json] [-q] [-U] FILENAME",
 		Short: "Check an image's metadata, and repair it with -r",
@@ -29,7 +30,10 @@ func newImgCheckCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Check(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -39,5 +43,6 @@ func newImgCheckCmd() *cobra.Command {
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -12,6 +12,7 @@ func newImgCommitCmd() *cobra.Command {
 		cfg   img.CommitConfig
 		cache block.CacheMode
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "commit [-f FMT] [-b BASE] [-d] [-p] [-q] FILENAME",
 		Short: "Write an image's changes into its backing file",
@@ -23,7 +24,10 @@ func newImgCommitCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Commit(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -34,5 +38,6 @@ func newImgCommitCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
 	f.VarP(&cache, "cache", "t", "cache mode (accepted)")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -11,6 +11,7 @@ func newImgCompareCmd() *cobra.Command {
 		cfg        img.CompareConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "compare [-f FMT] [-F FMT] [-p] [-q] [-s] [-U] FILENAME1 FILENAME2",
 		Short: "Compare the content of two images",
@@ -24,7 +25,14 @@ func newImgCompareCmd() *cobra.Command {
 			if len(args) != 2 {
 				return img.UsageError("Expecting two image file names")
 			}
-			cfg.Filename1, cfg.Filename2 = args[0], args[1]
+			var err error
+			// An image that cannot be opened exits 2 in compare.
+			if cfg.Filename1, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format1, "a-format", "b-format"); err != nil {
+				return &img.ExitError{Code: 2, Err: err}
+			}
+			if cfg.Filename2, err = imageOptsArg(cmd, imageOpts, args[1], &cfg.Format2, "a-format", "b-format"); err != nil {
+				return &img.ExitError{Code: 2, Err: err}
+			}
 			return img.Compare(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
@@ -35,5 +43,6 @@ func newImgCompareCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the images even if they are in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

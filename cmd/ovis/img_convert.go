@@ -13,6 +13,7 @@ func newImgConvertCmd() *cobra.Command {
 		cfg        img.ConvertConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p] [-S SIZE] [-B BACKING_FILE [-F BACKING_FMT]] [-n [--target-is-zero]] [-m N] [-W] SRC DST",
 		Short: "Copy an image into a new image, sparsely",
@@ -28,7 +29,11 @@ func newImgConvertCmd() *cobra.Command {
 				return errors.New("ovis img convert takes one source image")
 			}
 			if len(args) == 2 {
-				cfg.Source, cfg.Dest = args[0], args[1]
+				var err error
+				if cfg.Source, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.SourceFormat, "format"); err != nil {
+					return err
+				}
+				cfg.Dest = args[1]
 			} else if len(args) == 1 {
 				cfg.Dest = args[0]
 			}
@@ -52,5 +57,6 @@ func newImgConvertCmd() *cobra.Command {
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the source even if it is in use")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "output cache mode (default unsafe: no sync; writeback, writethrough, none, directsync sync at the end)")
 	f.StringVarP(&cfg.SourceCache, "source-cache", "T", "", "source cache mode (default writeback; none and directsync read with O_DIRECT)")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -11,6 +11,7 @@ func newImgInfoCmd() *cobra.Command {
 		cfg        img.InfoConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "info [-f FMT] [--output=human|json] [--backing-chain] [-U] FILENAME",
 		Short: "Describe an image",
@@ -22,7 +23,10 @@ func newImgInfoCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Info(cfg, cmd.OutOrStdout())
 		},
 	}
@@ -31,5 +35,6 @@ func newImgInfoCmd() *cobra.Command {
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVar(&cfg.BackingChain, "backing-chain", false, "describe every image of the backing chain")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

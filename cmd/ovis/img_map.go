@@ -11,6 +11,7 @@ func newImgMapCmd() *cobra.Command {
 		cfg        img.MapConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "map [-f FMT] [--output=human|json] [--start-offset OFFSET] [--max-length LEN] [-U] FILENAME",
 		Short: "Show where an image's data lives",
@@ -22,7 +23,10 @@ func newImgMapCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Map(cfg, cmd.OutOrStdout())
 		},
 	}
@@ -32,5 +36,6 @@ func newImgMapCmd() *cobra.Command {
 	f.StringVarP(&cfg.StartOffset, "start-offset", "s", "", "first byte to map")
 	f.StringVarP(&cfg.MaxLength, "max-length", "l", "", "most bytes to map")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -13,6 +13,7 @@ func newImgMeasureCmd() *cobra.Command {
 		cfg        img.MeasureConfig
 		forceShare bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "measure [--output=human|json] [-O FMT] [-o OPTIONS] (--size SIZE | [-f FMT] FILENAME)",
 		Short: "Compute the size an image needs",
@@ -26,7 +27,10 @@ func newImgMeasureCmd() *cobra.Command {
 				return errors.New("At most one filename argument is allowed.")
 			}
 			if len(args) == 1 {
-				cfg.Filename = args[0]
+				var err error
+				if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+					return err
+				}
 			}
 			return img.Measure(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
@@ -38,5 +42,6 @@ func newImgMeasureCmd() *cobra.Command {
 	f.StringVar(&cfg.Size, "size", "", "virtual size of an empty new image")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -13,6 +13,7 @@ func newImgRebaseCmd() *cobra.Command {
 		forceShare      bool
 		cache, srcCache block.CacheMode
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "rebase [-f FMT] [-F BACKING_FMT] [-u] [-p] [-q] -b BACKING_FILE FILENAME",
 		Short: "Change an image's backing file",
@@ -27,7 +28,10 @@ func newImgRebaseCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Rebase(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -41,5 +45,6 @@ func newImgRebaseCmd() *cobra.Command {
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the backing files even if they are in use")
 	f.VarP(&cache, "cache", "t", "cache mode of the image (accepted)")
 	f.VarP(&srcCache, "source-cache", "T", "cache mode of the backing files (accepted)")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

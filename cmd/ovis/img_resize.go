@@ -15,6 +15,7 @@ func newImgResizeCmd() *cobra.Command {
 	f.BoolVar(&cfg.Shrink, "shrink", false, "allow a smaller size, dropping the data past the new end")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "do not print \"Image resized.\"")
 	help := f.BoolP("help", "h", false, "help for resize")
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "resize [-f FMT] [--preallocation=PREALLOC] [--shrink] [-q] FILENAME [+ | -]SIZE",
 		Short: "Change an image's virtual size",
@@ -40,10 +41,14 @@ func newImgResizeCmd() *cobra.Command {
 			if f.NArg() != 1 {
 				return img.UsageError("Expecting image file name and size")
 			}
-			cfg.Filename = f.Arg(0)
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, f.Arg(0), &cfg.Format, "format"); err != nil {
+				return err
+			}
 			return img.Resize(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	cmd.Flags().AddFlagSet(f)
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -13,6 +13,7 @@ func newImgSnapshotCmd() *cobra.Command {
 		apply, create, del string
 		forceShare         bool
 	)
+	var imageOpts bool
 	cmd := &cobra.Command{
 		Use:   "snapshot [-l | -a SNAPSHOT | -c SNAPSHOT | -d SNAPSHOT] [-q] [-U] FILENAME",
 		Short: "List, create, apply or delete internal snapshots",
@@ -43,7 +44,10 @@ func newImgSnapshotCmd() *cobra.Command {
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
-			cfg.Filename = args[0]
+			var err error
+			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], nil); err != nil {
+				return err
+			}
 			return img.Snapshot(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -54,5 +58,6 @@ func newImgSnapshotCmd() *cobra.Command {
 	f.StringVarP(&del, "delete", "d", "", "delete a snapshot")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "quiet (there is no output to hide but the list)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

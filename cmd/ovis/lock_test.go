@@ -5,9 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
@@ -34,6 +32,13 @@ func lockLayout(t *testing.T, dir string) []string {
 // stops it.
 func serveUntil(t *testing.T, dir, bin string, args ...string) (stop func()) {
 	t.Helper()
+	_, stop = serveURI(t, dir, bin, args...)
+	return stop
+}
+
+// serveURI is serveUntil that also returns the export's URI.
+func serveURI(t *testing.T, dir, bin string, args ...string) (uri string, stop func()) {
+	t.Helper()
 	sock := filepath.Join(shortTempDir(t), "s.sock")
 	// -t: qemu-nbd would exit after the connection that finds it ready.
 	args = append([]string{"-t", "-k", sock}, args...)
@@ -42,40 +47,11 @@ func serveUntil(t *testing.T, dir, bin string, args ...string) (stop func()) {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	stop = func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-	}
-	t.Cleanup(stop)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case <-exited:
-			t.Fatalf("%s %v exited before serving: %s", bin, args, stderr.String())
-		default:
-		}
-		// A finished handshake, not a listening socket: qemu-nbd
-		// listens before it opens the image.
-		if exec.Command("nbdinfo", "--size", "nbd+unix:///?socket="+sock).Run() == nil {
-			return stop
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s %v not listening after 20s", bin, args)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// A finished handshake, not a listening socket: qemu-nbd listens
+	// before it opens the image.
+	uri = "nbd+unix:///?socket=" + sock
+	stop = testutil.StartUntil(t, cmd, func() bool { return exec.Command("nbdinfo", "--size", uri).Run() == nil })
+	return uri, stop
 }
 
 // TestImageLocksLikeQemuNBD: ovis nbd locks the same bytes of every file
@@ -207,8 +183,7 @@ func TestNBDRefusesImageInUse(t *testing.T) {
 		args = append([]string{"-k", sock}, args...)
 		q := runBounded(t, "qemu-nbd", args...)
 		o := runBounded(t, ovisBin, append([]string{"nbd"}, args...)...)
-		norm := func(s string) string { return strings.TrimPrefix(strings.TrimPrefix(s, "qemu-nbd: "), "ovis: ") }
-		if q.code != 1 || o.code != q.code || norm(q.stderr) != norm(o.stderr) {
+		if q.code != 1 || o.code != q.code || nbdStderr(q.stderr) != nbdStderr(o.stderr) {
 			t.Errorf("nbd %q:\nqemu-nbd: exit %d, %q\n    ovis: exit %d, %q", strings.Join(args, " "), q.code, q.stderr, o.code, o.stderr)
 		}
 	}
@@ -216,4 +191,9 @@ func TestNBDRefusesImageInUse(t *testing.T) {
 	// metadata for the reader to cache).
 	stop := serveUntil(t, dir, ovisBin, "-f", "raw", "plain.raw")
 	stop()
+}
+
+// nbdStderr drops the program's name from a qemu-nbd or ovis nbd error.
+func nbdStderr(s string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(s, "qemu-nbd: "), "ovis: ")
 }

@@ -23,6 +23,7 @@ func newNBDCmd() *cobra.Command {
 		shared, cache, discard, detectZeroes   string
 		l2Size, l2EntrySize, rcSize, cacheSize string
 		noCache, allocDepth, fork, verbose     bool
+		imageOpts                              bool
 	)
 	cmd := &cobra.Command{
 		Use:   "nbd [OPTIONS] FILE",
@@ -80,6 +81,11 @@ func newNBDCmd() *cobra.Command {
 				}
 				*s.dst = int64(v)
 			}
+			if imageOpts {
+				if err := applyImageOpts(cmd, &cfg); err != nil {
+					return err
+				}
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -124,6 +130,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVarP(&cfg.Format, "format", "f", "", "image format: qcow2 or raw (default: probe)")
 	f.BoolVarP(&cfg.ReadOnly, "read-only", "r", false, "export read-only")
 	f.BoolVarP(&cfg.Snapshot, "snapshot", "s", false, "send writes to a temporary qcow2 overlay, deleted on exit; FILE is not changed")
+	f.StringVarP(&cfg.LoadSnapshot, "load-snapshot", "l", "", "export an internal snapshot of FILE, read-only: snapshot.id=ID,snapshot.name=NAME or ID_OR_NAME")
 	f.BoolVarP(&noCache, "nocache", "n", false, "disable host cache (--cache=none)")
 	f.StringVar(&cache, "cache", block.CacheWriteback.String(), "cache mode: writeback, writethrough, none, directsync or unsafe")
 	f.StringVar(&discard, "discard", "ignore", "discard mode: ignore (TRIM does nothing) or unmap")
@@ -138,6 +145,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cacheSize, "cache-size", "", "qcow2 L2 and refcount caches together, in bytes")
 	f.IntVar(&cfg.CacheCleanInterval, "cache-clean-interval", serve.DefaultCacheCleanInterval, "drop qcow2 cache entries unused for this many seconds (0: never)")
 	f.StringVar(&cfg.L2CachePolicy, "l2-cache-policy", "lru", "qcow2 L2 cache eviction: lru, hitcount or hitcount-floor")
+	f.BoolVar(&imageOpts, "image-opts", false, "treat FILE as an option list: driver=qcow2,file.filename=FILE,cache.direct=on,l2-cache-size=...")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: require TLS")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA certificates: require client certificates signed by them")
@@ -146,4 +154,35 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus metrics (requests, cache counters) at http://ADDR/metrics")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close a connection idle (no request, unread reply or unfinished request) this long (0: never)")
 	return cmd
+}
+
+// applyImageOpts reads cfg.File as qemu-nbd reads it under --image-opts:
+// an option list naming the file, its format and its options, which take
+// the place of -f and of the matching flags (the qcow2 cache options are
+// applied when the image is opened).
+func applyImageOpts(cmd *cobra.Command, cfg *serve.Config) error {
+	if cmd.Flags().Changed("format") {
+		return errors.New("--image-opts and -f are mutually exclusive")
+	}
+	io, err := img.ParseImageOpts(cfg.File)
+	if err != nil {
+		return fmt.Errorf("Failed to blk_new_open '%s': %w", cfg.File, err)
+	}
+	cfg.ImageOpts = io
+	cfg.File, cfg.Format = io.Filename, io.Driver
+	cfg.ReadOnly = cfg.ReadOnly || io.ReadOnly
+	if io.HasCache {
+		cfg.Cache = io.Cache
+	}
+	if io.Discard != "" {
+		if cfg.Discard, err = serve.ParseDiscard(io.Discard); err != nil {
+			return err
+		}
+	}
+	if io.DetectZeroes != "" {
+		if cfg.DetectZeroes, err = serve.ParseDetectZeroes(io.DetectZeroes); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,6 +70,14 @@ func HoldWithQemuIO(t testing.TB, path string, args ...string) {
 	t.Helper()
 	before := len(LockedBytes(t, path))
 	cmd := exec.Command(tool(t, "qemu-io"), append(append(args, "-c", "sleep 600000"), path)...)
+	StartUntil(t, cmd, func() bool { return len(LockedBytes(t, path)) != before })
+}
+
+// StartUntil starts cmd and returns once ready reports true, failing the
+// test if cmd exits first or 20 s pass. The returned stop (also run when
+// the test ends) sends SIGTERM and, after 10 s, kills.
+func StartUntil(t testing.TB, cmd *exec.Cmd, ready func() bool) (stop func()) {
+	t.Helper()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -76,17 +85,27 @@ func HoldWithQemuIO(t testing.TB, path string, args ...string) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
-	deadline := time.Now().Add(20 * time.Second)
-	for len(LockedBytes(t, path)) == before {
+	stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
-			t.Fatalf("qemu-io %v %s exited before holding the image: %s", args, path, stderr.String())
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(20 * time.Second)
+	for !ready() {
+		select {
+		case <-exited:
+			t.Fatalf("%v exited before it was ready: %s", cmd.Args, stderr.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("qemu-io %v %s holds no lock after 20s", args, path)
+			t.Fatalf("%v not ready after 20s", cmd.Args)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return stop
 }

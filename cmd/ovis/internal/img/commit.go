@@ -107,7 +107,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 	}
-	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, trust(qcow2.Options{}))
+	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, trust(chain[base].path, qcow2.Options{}))
 	if err != nil {
 		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
 	}

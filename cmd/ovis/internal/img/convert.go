@@ -130,7 +130,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if err := requireFormat(cfg.Source, cfg.SourceFormat); err != nil {
 		return err
 	}
-	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, trust(qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)}))
+	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, trust(cfg.Source, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)}))
 	if err != nil {
 		return openError(cfg.Source, err)
 	}

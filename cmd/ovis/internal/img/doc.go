@@ -19,7 +19,7 @@
 // or "ovis: " prefix: errors are returned to cmd/ovis, which prints them.
 //
 // Not supported: formats other than qcow2 and raw, encryption, bitmaps
-// (they are counted by measure and listed by info, not written), image
-// options (--image-opts, --object), and QEMU's protocol options (nocow,
-// extent_size_hint).
+// (they are counted by measure and listed by info, not written), --object,
+// the --image-opts options that imageopts.go does not list, and QEMU's
+// protocol options (nocow, extent_size_hint).
 package img

@@ -150,14 +150,14 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		// qemu-img info opens what qcow2_open opens, which does not look
 		// into the L1 or refcount table entries nor the snapshots' L1
 		// tables: ForCheck, read-only, leaves them unchecked.
-		img, err := qcow2.Open(filename, trust(qcow2.Options{ReadOnly: true, NoBacking: true, ForCheck: true}))
+		img, err := qcow2.Open(filename, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true, ForCheck: true}))
 		if err != nil {
 			return nil, openError(filename, err)
 		}
 		defer img.Close()
 		snaps, err := img.QemuSnapshots()
 		if err != nil {
-			return nil, wrapMsg(err, "Could not open '%s': %v", filename, err)
+			return nil, wrapMsg(err, "Could not open '%s': %v", displayName(filename), err)
 		}
 		h := img.Header()
 		info.virtualSize = int64(h.Size)

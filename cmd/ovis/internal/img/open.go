@@ -23,14 +23,14 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 		}
 	}
-	dev, err := qcow2.OpenDevice(filename, format, trust(o))
+	dev, err := qcow2.OpenDevice(filename, format, trust(filename, o))
 	if err == nil {
 		return dev, nil
 	}
 	if o.NoBacking {
 		return nil, openError(filename, err)
 	}
-	return nil, wrapMsg(err, "Could not open '%s': %s", filename, chainReason(filename, format, err, 0))
+	return nil, wrapMsg(err, "Could not open '%s': %s", displayName(filename), chainReason(filename, format, err, 0))
 }
 
 // chainReason says why the chain at filename failed to open with err:
@@ -42,7 +42,7 @@ func chainReason(filename, format string, err error, depth int) string {
 	if le := (*block.LockError)(nil); depth > 16 || errors.As(err, &le) && le.Path == filename {
 		return openReason(err)
 	}
-	dev, err1 := qcow2.OpenDevice(filename, format, trust(qcow2.Options{ReadOnly: true, NoBacking: true}))
+	dev, err1 := qcow2.OpenDevice(filename, format, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true}))
 	if err1 != nil {
 		return openReason(err1)
 	}

@@ -24,10 +24,14 @@ var forceShare atomic.Bool
 // hold, the image locks that keep writers out (qemu-img's -U).
 func SetForceShare(v bool) { forceShare.Store(v) }
 
-// trust applies --untrusted and -U to o.
-func trust(o qcow2.Options) qcow2.Options {
+// trust applies --untrusted, -U and the --image-opts given for path to
+// o, for opening path.
+func trust(path string, o qcow2.Options) qcow2.Options {
 	o.Untrusted = o.Untrusted || untrusted.Load()
 	o.ForceShare = o.ForceShare || forceShare.Load()
+	if io := imageOptsFor(path); io != nil {
+		o = io.Apply(o)
+	}
 	return o
 }
 

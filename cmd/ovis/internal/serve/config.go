@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -155,6 +156,10 @@ type Config struct {
 	// which is deleted when Run returns; File is opened read-only and
 	// never changes.
 	Snapshot bool
+	// LoadSnapshot exports an internal snapshot of File instead of its
+	// active layer, read-only whatever ReadOnly says (-l):
+	// "snapshot.id=ID,snapshot.name=NAME" or one ID or name.
+	LoadSnapshot string
 
 	// Cache is QEMU's cache mode (--cache, -n): host page cache or
 	// O_DIRECT, and whether writes are FUA. The default is writeback.
@@ -171,6 +176,12 @@ type Config struct {
 	// be set, and a backing file's format recorded in the image. The
 	// default follows them anywhere and probes, as QEMU does.
 	Untrusted bool
+
+	// ImageOpts is the option list File was named by (--image-opts):
+	// errors name the image by it, and its options apply to the open
+	// (ImageOpts.Apply), over the fields above. The command copies its
+	// cache mode, read-only, discard and detect-zeroes into this Config.
+	ImageOpts *img.ImageOpts
 
 	// L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize,
 	// L2CachePolicy and CacheCleanInterval are QEMU's qcow2 runtime
@@ -266,6 +277,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("serve: config: shutdown timeout %v is negative", c.ShutdownTimeout)
 	case c.IdleTimeout < 0:
 		return fmt.Errorf("Invalid idle timeout '%v': it must not be negative", c.IdleTimeout)
+	}
+	if c.LoadSnapshot != "" {
+		if _, err := img.ParseSnapshotParam(c.LoadSnapshot); err != nil {
+			return err
+		}
 	}
 	switch c.L2CachePolicy {
 	case "", "lru", "hitcount", "hitcount-floor":

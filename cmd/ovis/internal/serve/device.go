@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -39,7 +40,7 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 		}
 	}
 	o := qcow2.Options{
-		ReadOnly:           c.ReadOnly || c.Snapshot,
+		ReadOnly:           c.ReadOnly || c.Snapshot || c.LoadSnapshot != "",
 		Untrusted:          c.Untrusted,
 		L2CacheSize:        c.L2CacheSize,
 		L2CacheEntrySize:   c.L2CacheEntrySize,
@@ -48,6 +49,11 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 		L2CachePolicy:      c.L2CachePolicy,
 		CacheCleanInterval: c.CacheCleanInterval,
 		OpenFile:           block.OpenFileFor(c.Cache),
+	}
+	display := c.File
+	if io := c.ImageOpts; io != nil {
+		display = io.Spec
+		o = io.Apply(o)
 	}
 	var (
 		dev block.Device
@@ -61,7 +67,13 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 		dev, err = qcow2.OpenDevice(c.File, format, o)
 	}
 	if err != nil {
-		return nil, "", nil, openError(c.File, err)
+		return nil, "", nil, openErrorAs(display, c.File, err)
+	}
+	if c.LoadSnapshot != "" {
+		if err := loadSnapshot(dev, c); err != nil {
+			dev.Close()
+			return nil, "", nil, err
+		}
 	}
 	img, _ := dev.(*qcow2.Image)
 	dev = block.WithCacheMode(dev, c.Cache)
@@ -114,13 +126,19 @@ func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.De
 // openError is qemu-nbd's message for an image it cannot open, keeping
 // the cause for errors.Is.
 func openError(path string, err error) error {
+	return openErrorAs(path, path, err)
+}
+
+// openErrorAs is openError for an image named display (its option list,
+// under --image-opts).
+func openErrorAs(display, path string, err error) error {
 	reason := openReason(err)
 	if le := (*block.LockError)(nil); errors.As(err, &le) && le.Path != path {
 		// A backing file another process holds (QEMU names each layer
 		// above it; ovis one).
 		reason = "Could not open backing file: " + reason
 	}
-	return &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': %s", path, reason), err: err}
+	return &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': %s", display, reason), err: err}
 }
 
 // openReason says why an image could not be opened in QEMU's words where
@@ -162,3 +180,35 @@ type msgError struct {
 
 func (e *msgError) Error() string { return e.msg }
 func (e *msgError) Unwrap() error { return e.err }
+
+// loadSnapshot makes dev read as the internal snapshot c.LoadSnapshot
+// names, with qemu-nbd's messages. Under -s, dev is the temporary
+// overlay, which has no snapshots, as in qemu-nbd.
+func loadSnapshot(dev block.Device, c *Config) error {
+	p, err := img.ParseSnapshotParam(c.LoadSnapshot)
+	if err != nil {
+		return err
+	}
+	qimg, ok := dev.(*qcow2.Image)
+	if !ok {
+		return errors.New("Failed to load snapshot: Block format 'raw' used by device '' does not support temporarily loading internal snapshots")
+	}
+	if c.Snapshot {
+		// The overlay is a new image: no snapshot is in it.
+		return errors.New("Failed to load snapshot: Can't find snapshot")
+	}
+	if p.IDOrName != "" {
+		if err = qimg.LoadSnapshot(p.IDOrName, ""); errors.Is(err, qcow2.ErrSnapshotNotFound) {
+			err = qimg.LoadSnapshot("", p.IDOrName)
+		}
+	} else {
+		err = qimg.LoadSnapshot(p.ID, p.Name)
+	}
+	if errors.Is(err, qcow2.ErrSnapshotNotFound) {
+		return errors.New("Failed to load snapshot: Can't find snapshot")
+	}
+	if err != nil {
+		return fmt.Errorf("Failed to load snapshot: %w", err)
+	}
+	return nil
+}

@@ -38,12 +38,11 @@
 // file is removed from the -k path before binding (qemu-nbd removes any
 // file); --idle-timeout (none by default) closes idle connections, which
 // qemu-nbd cannot; the -s overlay is unlinked as soon as it is open; the
-// qcow2 cache options are flags rather than --image-opts. Image files are
+// qcow2 cache options are flags as well as --image-opts. Image files are
 // locked as qemu-nbd locks them (block.Perm), the export refusing others
 // the right to resize it.
 //
-// Not done here: qemu-nbd's --image-opts, --object, -o/--offset, -l
-// (internal snapshots), -B (dirty bitmaps), -c/-d (the kernel client),
+// Not done here: qemu-nbd's --object, -o/--offset, -B (dirty bitmaps), -c/-d (the kernel client),
 // --aio, --selinux-label, -L (listing another server) and socket
 // activation.
 package serve

@@ -92,7 +92,7 @@ func Run(ctx context.Context, c Config) error {
 			Name:        c.ExportName,
 			Description: c.Description,
 			Device:      dev,
-			ReadOnly:    c.ReadOnly,
+			ReadOnly:    c.ReadOnly || c.LoadSnapshot != "",
 			MultiConn:   c.multiConn(),
 		}},
 		TLS:            tlsCfg,
