@@ -107,6 +107,8 @@ func TestImageLocksConflictLikeQemu(t *testing.T) {
 		{"compare", "top.qcow2", "base.qcow2"},
 		{"snapshot", "-l", "top.qcow2"},
 		{"snapshot", "-c", "s", "top.qcow2"},
+		{"snapshot", "-U", "-c", "s2", "top.qcow2"},
+		{"info", "--image-opts", "driver=qcow2,file.filename=top.qcow2,file.locking=off"},
 		{"resize", "-f", "raw", "plain.raw", "2M"},
 		{"info", "-f", "raw", "plain.raw"},
 		{"create", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "new.qcow2"},

@@ -23,6 +23,9 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 		}
 	}
+	if t := trust(filename, o); t.ForceShare && !t.ReadOnly {
+		return nil, fmt.Errorf("Could not open '%s': force-share=on can only be used with read-only images", displayName(filename))
+	}
 	dev, err := qcow2.OpenDevice(filename, format, trust(filename, o))
 	if err == nil {
 		return dev, nil
