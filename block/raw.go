@@ -270,6 +270,47 @@ func (r *Raw) Extent(off, n int64) (Extent, error) {
 	return data, nil
 }
 
+// ErrCopyUnsupported is returned by CopyFrom when the host cannot copy
+// between the two files without the data passing through memory.
+var ErrCopyUnsupported = errors.New("block: copy offloading not supported")
+
+// CopyFrom copies n bytes at srcOff of src to dstOff of r inside the
+// kernel (copy_file_range(2), which a filesystem may turn into a reflink
+// or a server-side copy), as QEMU's copy offloading does for
+// qemu-img convert -C. It returns ErrCopyUnsupported when either file has
+// no host descriptor or the kernel refuses the pair; the caller then
+// copies through a buffer. Holes in the source may come out allocated.
+func (r *Raw) CopyFrom(src *Raw, srcOff, dstOff, n int64) error {
+	if err := r.begin(dstOff, n, true); err != nil {
+		return err
+	}
+	defer r.mu.RUnlock()
+	if err := src.begin(srcOff, n, false); err != nil {
+		return err
+	}
+	defer src.mu.RUnlock()
+	if r.fd < 0 || src.fd < 0 {
+		return ErrCopyUnsupported
+	}
+	for n > 0 {
+		k, err := unix.CopyFileRange(src.fd, &srcOff, r.fd, &dstOff, int(min(n, 1<<30)), 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOSYS),
+			errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EBADF):
+			return fmt.Errorf("%w: %w", ErrCopyUnsupported, err)
+		case err != nil:
+			return fmt.Errorf("block: raw copy of %d bytes to %d: %w", n, dstOff, err)
+		case k == 0:
+			// The source ended early (it shrank since Open).
+			return fmt.Errorf("block: raw copy to %d: source ended at %d: %w", dstOff, srcOff, io.ErrUnexpectedEOF)
+		}
+		n -= int64(k)
+	}
+	return nil
+}
+
 // Size returns the size the file had when the device was opened.
 func (r *Raw) Size() int64 { return r.size }
 

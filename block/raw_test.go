@@ -464,3 +464,70 @@ func TestRawConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestRawCopyFrom copies ranges between raw files in the kernel, and
+// refuses what it cannot offload: a file without a host descriptor, a
+// read-only target and ranges past either end.
+func TestRawCopyFrom(t *testing.T) {
+	dir := t.TempDir()
+	srcPath, dstPath := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>12)
+	}
+	if err := os.WriteFile(srcPath, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dstPath, make([]byte, 4<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenRaw(srcPath, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := OpenRaw(dstPath, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	tests := []struct {
+		name              string
+		srcOff, dstOff, n int64
+		wantErr           error
+	}{
+		{"aligned", 0, 0, 1 << 20, nil},
+		{"unaligned", 12345, 2<<20 + 77, 1<<20 - 1000, nil},
+		{"to the source's end", 2 << 20, 3 << 20, 1 << 20, nil},
+		{"past the source's end", 2 << 20, 0, 2 << 20, ErrOutOfRange},
+		{"past the target's end", 0, 4<<20 - 10, 20, ErrOutOfRange},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := dst.CopyFrom(src, tt.srcOff, tt.dstOff, tt.n)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("CopyFrom = %v, want %v", err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			got := make([]byte, tt.n)
+			if _, err := dst.ReadAt(got, tt.dstOff); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data[tt.srcOff:tt.srcOff+tt.n]) {
+				t.Fatal("copied bytes differ from the source's")
+			}
+		})
+	}
+	mem, err := NewRaw(&memFile{b: make([]byte, 1<<20)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.CopyFrom(src, 0, 0, 4096); !errors.Is(err, ErrCopyUnsupported) {
+		t.Fatalf("CopyFrom into a memory file = %v, want ErrCopyUnsupported", err)
+	}
+	if err := src.CopyFrom(dst, 0, 0, 4096); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("CopyFrom into a read-only file = %v, want ErrReadOnly", err)
+	}
+}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-
 	"github.com/spf13/cobra"
 
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
@@ -13,29 +11,39 @@ func newImgConvertCmd() *cobra.Command {
 		cfg        img.ConvertConfig
 		forceShare bool
 	)
-	var imageOpts bool
+	var imageOpts, targetImageOpts bool
 	cmd := &cobra.Command{
-		Use:   "convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p] [-S SIZE] [-B BACKING_FILE [-F BACKING_FMT]] [-n [--target-is-zero]] [-m N] [-W] SRC DST",
+		Use:   "convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p] [-q] [-S SIZE] [-B BACKING_FILE [-F BACKING_FMT]] [-n [--target-is-zero]] [-m N] [-W] [-C] [-r RATE] [-l SNAPSHOT] [--salvage] SRC [SRC2...] DST",
 		Short: "Copy an image into a new image, sparsely",
 		Long: "Copy SRC into DST as qemu-img convert does. Ranges that read as zeros are not\n" +
 			"written, nor are all-zero runs of at least -S bytes (default 4k; 0 writes\n" +
 			"everything). -c writes every cluster compressed (qcow2 output only).\n" +
 			"Reads run -m requests in parallel; writes are made in offset order unless -W\n" +
-			"allows them to overlap (faster, and -c then compresses on all cores).",
+			"allows them to overlap (faster, and -c then compresses on all cores).\n" +
+			"Several sources are copied one after the other into one output.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			img.SetForceShare(forceShare)
-			if len(args) > 2 {
-				return errors.New("ovis img convert takes one source image")
+			if len(args) >= 1 {
+				cfg.Dest = args[len(args)-1]
 			}
-			if len(args) == 2 {
-				var err error
-				if cfg.Source, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.SourceFormat, "format"); err != nil {
+			for _, a := range args[:max(0, len(args)-1)] {
+				src, err := imageOptsArg(cmd, imageOpts, a, &cfg.SourceFormat, "format")
+				if err != nil {
 					return err
 				}
-				cfg.Dest = args[1]
-			} else if len(args) == 1 {
-				cfg.Dest = args[0]
+				cfg.Sources = append(cfg.Sources, src)
+			}
+			cfg.TargetImageOpts = targetImageOpts
+			if targetImageOpts && cfg.NoCreate && cfg.Dest != "" {
+				if !cmd.Flags().Changed("output-format") {
+					cfg.DestFormat = ""
+				}
+				dst, err := imageOptsArg(cmd, true, cfg.Dest, &cfg.DestFormat, "output-format")
+				if err != nil {
+					return err
+				}
+				cfg.Dest = dst
 			}
 			cfg.ProgressTo = cmd.ErrOrStderr()
 			return img.Convert(cmd.Context(), cfg, cmd.OutOrStdout())
@@ -57,6 +65,12 @@ func newImgConvertCmd() *cobra.Command {
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the source even if it is in use")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "output cache mode (default unsafe: no sync; writeback, writethrough, none, directsync sync at the end)")
 	f.StringVarP(&cfg.SourceCache, "source-cache", "T", "", "source cache mode (default writeback; none and directsync read with O_DIRECT)")
+	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "no progress bar and no warnings")
+	f.BoolVarP(&cfg.CopyRange, "copy-range-offloading", "C", false, "copy data between raw files inside the kernel (copy_file_range)")
+	f.StringVarP(&cfg.RateLimit, "rate-limit", "r", "", "most bytes written per second (k, M, G suffixes)")
+	f.StringVarP(&cfg.Snapshot, "snapshot", "l", "", "copy an internal snapshot of SRC: snapshot.id=ID,snapshot.name=NAME or ID_OR_NAME")
+	f.BoolVar(&cfg.Salvage, "salvage", false, "write what cannot be read as zeros, with a warning, instead of failing")
+	f.BoolVar(&targetImageOpts, "target-image-opts", false, "treat DST as an option list (needs -n)")
 	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -30,6 +30,10 @@ func TestMeasureMatchesQemu(t *testing.T) {
 		run("qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=2M,extended_l2=on", "big.qcow2", "3G"),
 		run("qemu-io", "-f", "qcow2", "-c", "write -P 1 1G 3M", "big.qcow2"),
 		run("qemu-img", "create", "-q", "-f", "qcow2", "empty.qcow2", "1T"),
+		run("qemu-img", "create", "-q", "-f", "qcow2", "snap.qcow2", "64M"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 1 0 1M", "snap.qcow2"),
+		run("qemu-img", "snapshot", "-c", "s1", "snap.qcow2"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 2 8M 3M", "-c", "write -z 0 512k", "snap.qcow2"),
 	} {
 		s(t, dir)
 	}
@@ -74,6 +78,10 @@ func TestMeasureMatchesQemu(t *testing.T) {
 		"-O qcow2 -o compat=0.10,refcount_bits=8 a.qcow2", "-O qcow2 -o extended_l2=on,cluster_size=4k a.qcow2",
 		"-O qcow2 -o extended_l2=foo --size 1G", "-O raw -o preallocation=foo a.qcow2", "-O raw -o cluster_size=4k a.qcow2",
 		"-f raw --size 1000", "--output=foo --size 1G", "nonexist", "-f qcow2 a.raw",
+		// Internal snapshots (-l), which hold less than the image.
+		"-O qcow2 snap.qcow2", "-O qcow2 -l s1 snap.qcow2", "--output=json -O raw -l 1 snap.qcow2",
+		"-O qcow2 -l snapshot.name=s1 snap.qcow2", "-O qcow2 -l snapshot.id=1,snapshot.name=s1 snap.qcow2",
+		"-l nosuch snap.qcow2", "-l snapshot.id=2 snap.qcow2", "-l s1 a.raw", "-l s1", "-l snapshot.x=1 snap.qcow2",
 	} {
 		measure(a)
 	}

@@ -18,23 +18,44 @@ import (
 
 // ConvertConfig is what `ovis img convert` was given, as qemu-img
 // convert's arguments: convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-p]
-// [-S SIZE] [-B BACKING [-F BACKING_FMT]] [-n] [-m N] SRC DST.
+// [-q] [-S SIZE] [-B BACKING [-F BACKING_FMT]] [-n] [-m N] [-W] [-C]
+// [-r RATE] [-l SNAPSHOT] [--salvage] SRC [SRC2...] DST.
 type ConvertConfig struct {
-	// Source is the image to copy (SRC).
-	Source string
+	// Sources are the images to copy (SRC...). Several are concatenated,
+	// each rounded up to whole sectors.
+	Sources []string
 	// SourceFormat (-f) is "qcow2", "raw" or "" to probe.
 	SourceFormat string
-	// Dest is the image to write (DST).
-	Dest string
+	// Snapshot (-l) copies an internal snapshot of the (first) source
+	// instead of its current state: "snapshot.id=ID,snapshot.name=NAME"
+	// or one ID or name.
+	Snapshot string
+	// Dest is the image to write (DST). With TargetImageOpts
+	// (--target-image-opts, which needs NoCreate) it is an option list.
+	Dest            string
+	TargetImageOpts bool
 	// DestFormat (-O) defaults to raw.
 	DestFormat string
 	// Options are the -o arguments in order.
 	Options []string
 	// Compress (-c) writes every cluster compressed; qcow2 only.
 	Compress bool
-	// Progress (-p) draws a progress bar on ProgressTo (nil: stderr).
+	// Progress (-p) draws a progress bar on ProgressTo (nil: stderr),
+	// where the warnings of Salvage go too.
 	Progress   bool
 	ProgressTo io.Writer
+	// Quiet (-q) draws no progress bar and prints no warnings.
+	Quiet bool
+	// Salvage (--salvage) reads what can be read: a range that fails to
+	// read is retried sector by sector, and each sector that still fails
+	// is written as zeros, with a warning.
+	Salvage bool
+	// RateLimit (-r) caps the bytes written per second ("" or "0": no
+	// cap), as qemu-img's write throttling does.
+	RateLimit string
+	// CopyRange (-C) copies data between raw files inside the kernel
+	// (copy_file_range) where it can, and through memory where not.
+	CopyRange bool
 	// SparseSize (-S) is the -S argument as typed: all-zero runs of at
 	// least this many bytes inside data are not written. "" means the
 	// default, 4k; "0" writes everything and allocates the whole output.
@@ -96,11 +117,18 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if cfg.TargetIsZero && !cfg.NoCreate {
-		return errors.New("--target-is-zero requires use of -n flag")
+	var rate int64
+	if cfg.RateLimit != "" {
+		if rate, err = cvtnum("rate limit", cfg.RateLimit, math.MaxInt64); err != nil {
+			return err
+		}
+	}
+	if err := convertConflicts(cfg); err != nil {
+		return err
 	}
 	outFmt := cfg.DestFormat
-	if outFmt == "" {
+	if outFmt == "" && !cfg.TargetImageOpts {
+		// An option list without a driver is probed, as qemu-img does.
 		outFmt = "raw"
 	}
 	options, err := accumulateOptions(cfg.Options)
@@ -108,13 +136,16 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		return err
 	}
 	if hasHelpOption(options) {
+		if outFmt == "" {
+			return errors.New("Option help requires a format be specified")
+		}
 		return printOptionHelp(stdout, outFmt, cfg.Dest)
 	}
-	if cfg.Source == "" || cfg.Dest == "" {
+	if len(cfg.Sources) == 0 || cfg.Dest == "" {
 		return errors.New("Must specify image file name")
 	}
 	if _, ok := formatOpts(cfg.SourceFormat); !ok && cfg.SourceFormat != "" {
-		return fmt.Errorf("Could not open '%s': Unknown driver '%s'", cfg.Source, cfg.SourceFormat)
+		return fmt.Errorf("Could not open '%s': Unknown driver '%s'", cfg.Sources[0], cfg.SourceFormat)
 	}
 	cache, srcCache := block.CacheUnsafe, block.CacheWriteback
 	if cfg.Cache != "" {
@@ -127,12 +158,9 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 			return fmt.Errorf("Invalid source cache option: %s", cfg.SourceCache)
 		}
 	}
-	if err := requireFormat(cfg.Source, cfg.SourceFormat); err != nil {
-		return err
-	}
-	src, err := qcow2.OpenDevice(cfg.Source, cfg.SourceFormat, trust(cfg.Source, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(srcCache)}))
+	src, err := openSources(cfg, srcCache)
 	if err != nil {
-		return openError(cfg.Source, err)
+		return err
 	}
 	defer src.Close()
 
@@ -141,6 +169,9 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		// qemu-img reports this and then exits with status 0, without
 		// converting.
 		return exitWith(0, errors.New("Cannot use --target-is-zero when the destination image has a backing file"))
+	}
+	if cfg.NoCreate && targetHasBacking && len(cfg.Sources) > 1 {
+		return errConcatBacking
 	}
 	if !cfg.NoCreate {
 		if targetHasBacking, err = prepareTarget(cfg, outFmt, options, src.Size()); err != nil {
@@ -158,6 +189,15 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		workers:     workers,
 		hasZeroInit: (!cfg.NoCreate || cfg.TargetIsZero) && !targetHasBacking && minSparse > 0,
 		ordered:     !cfg.Unordered,
+		salvage:     cfg.Salvage,
+		copyRange:   cfg.CopyRange,
+		rate:        newRateLimiter(rate),
+	}
+	if !cfg.Quiet {
+		c.warn = cfg.ProgressTo
+		if c.warn == nil {
+			c.warn = os.Stderr
+		}
 	}
 	if img, ok := src.(*qcow2.Image); ok && targetHasBacking && img.Backing() != nil {
 		c.copyTopOnly = true
@@ -167,6 +207,71 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
 	}
 	return err
+}
+
+var errConcatBacking = errors.New("Having a backing file for the target makes no sense when concatenating multiple input images")
+
+// convertConflicts refuses the combinations of options qemu-img convert
+// refuses, with its messages and in its order.
+func convertConflicts(cfg ConvertConfig) error {
+	switch {
+	case cfg.Compress && cfg.CopyRange:
+		return errors.New("Cannot enable copy offloading when -c is used")
+	case cfg.SparseSize != "" && cfg.CopyRange:
+		return errors.New("Cannot enable copy offloading when -S is used")
+	case cfg.CopyRange && cfg.Salvage:
+		return errors.New("Cannot use copy offloading in salvaging mode")
+	case cfg.TargetImageOpts && !cfg.NoCreate:
+		return errors.New("--target-image-opts requires use of -n flag")
+	case cfg.NoCreate && len(cfg.Options) > 0:
+		return errors.New("-o has no effect when skipping image creation")
+	case cfg.TargetIsZero && !cfg.NoCreate:
+		return errors.New("--target-is-zero requires use of -n flag")
+	}
+	return nil
+}
+
+// openSources opens the sources read-only, loads the snapshot -l names,
+// and joins several into one device.
+func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error) {
+	var snap SnapshotParam
+	if cfg.Snapshot != "" {
+		var err error
+		if snap, err = parseSnapshotParam(cfg.Snapshot, "'"); err != nil {
+			return nil, err
+		}
+	}
+	parts := make([]block.Device, 0, len(cfg.Sources))
+	fail := func(err error) (block.Device, error) {
+		for _, p := range parts {
+			p.Close()
+		}
+		return nil, err
+	}
+	for _, name := range cfg.Sources {
+		if err := requireFormat(name, cfg.SourceFormat); err != nil {
+			return fail(err)
+		}
+		dev, err := qcow2.OpenDevice(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(cache)}))
+		if err != nil {
+			return fail(openError(name, err))
+		}
+		parts = append(parts, dev)
+	}
+	if cfg.Snapshot != "" {
+		// As qemu-img: an ID or name with several sources is refused;
+		// the option form loads the snapshot of the first source only.
+		if snap.IDOrName != "" && len(parts) > 1 {
+			return fail(errors.New("No support for concatenating multiple snapshot"))
+		}
+		if err := LoadSnapshot(parts[0], snap); err != nil {
+			return fail(err)
+		}
+	}
+	if len(parts) == 1 {
+		return parts[0], nil
+	}
+	return newConcat(parts), nil
 }
 
 // convertLimits checks -S and -m with qemu-img's messages. Compression
@@ -218,6 +323,9 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 		}
 	}
 	hasBacking = o.has(optKeyBackingFile)
+	if hasBacking && len(cfg.Sources) > 1 {
+		return false, errConcatBacking
+	}
 	if hasBacking && !o.has(optKeyBackingFmt) {
 		return false, errors.New("Use of backing file requires explicit backing format")
 	}
@@ -253,7 +361,7 @@ func runCopy(ctx context.Context, c *copier, cfg ConvertConfig) error {
 	if progressTo == nil {
 		progressTo = os.Stderr
 	}
-	if cfg.Progress {
+	if cfg.Progress && !cfg.Quiet {
 		c.bar = newProgressBar(c.src.Size(), progressTo)
 	}
 	err := c.run(ctx)
@@ -302,24 +410,10 @@ func openTarget(path, format string, existing bool, cache block.CacheMode) (bloc
 			return noSyncFile{f}, nil
 		}
 	}
-	var dev block.Device
-	if format == "raw" {
-		f, err := open(path, false)
-		if err != nil {
-			return nil, err
-		}
-		r, err := block.NewRaw(f, false)
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		dev = r
-	} else {
-		img, err := qcow2.Open(path, qcow2.Options{OpenFile: open})
-		if err != nil {
-			return nil, err
-		}
-		dev = img
+	// format is "" only under --target-image-opts without a driver.
+	dev, err := qcow2.OpenDevice(path, format, trust(path, qcow2.Options{OpenFile: open}))
+	if err != nil {
+		return nil, err
 	}
 	if cache.IgnoreFlush() {
 		return dev, nil // syncs are dropped already; keep the engine's type

@@ -3,9 +3,12 @@ package img
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/schollz/progressbar/v3"
 
@@ -48,6 +51,18 @@ type copier struct {
 	ordered bool
 	// seq is the next job's sequence number (producer only).
 	seq uint64
+	// salvage (--salvage) turns what cannot be read into zeros, sector
+	// by sector, with a warning for each sector.
+	salvage bool
+	// copyRange (-C) copies data between two raw files in the kernel;
+	// it is cleared for good once the kernel refuses.
+	copyRange bool
+	noOffload atomic.Bool
+	// rate paces the writes (-r); nil does not.
+	rate *rateLimiter
+	// warn receives the warnings; nil under -q.
+	warn   io.Writer
+	warnMu sync.Mutex
 }
 
 // Bounds of the range one Extent call covers (see produce).
@@ -79,10 +94,20 @@ type write struct {
 	seq uint64
 	n   int64
 	buf []byte
-	run func() error
+	run func(context.Context) error
 }
 
 var zeroSector [512]byte
+
+// warnf prints a warning as QEMU's warn_report does, unless quiet.
+func (c *copier) warnf(format string, args ...any) {
+	if c.warn == nil {
+		return
+	}
+	c.warnMu.Lock()
+	defer c.warnMu.Unlock()
+	fmt.Fprintf(c.warn, "ovis: warning: "+format+"\n", args...)
+}
 
 func (c *copier) progress(n int64) {
 	if c.bar != nil {
@@ -191,7 +216,7 @@ func (c *copier) run(ctx context.Context) error {
 					writes <- w
 					continue
 				}
-				err = w.run()
+				err = w.run(ctx)
 				pool <- buf
 				if err != nil {
 					fail(err)
@@ -250,7 +275,7 @@ func (c *copier) writeInOrder(ctx context.Context, writes <-chan write, pool cha
 				pool <- w.buf
 				continue
 			}
-			err := w.run()
+			err := w.run(ctx)
 			pool <- w.buf
 			if err != nil {
 				fail(err)
@@ -289,6 +314,9 @@ func (c *copier) produce(ctx context.Context, jobs chan<- job) error {
 		}
 		want := min(ask, size-off)
 		e, err := c.src.Extent(off, want)
+		if err != nil && c.salvage {
+			e, err = c.salvageExtent(off, want, err), nil
+		}
 		if err != nil {
 			return fmt.Errorf("error while reading block status at offset %d: %w", off, err)
 		}
@@ -354,7 +382,7 @@ func (c *copier) prepare(j job, buf []byte, comps chan *qcow2.Compressor) (write
 	w := write{seq: j.seq, n: j.n, buf: buf}
 	switch {
 	case j.kind == kindZero:
-		w.run = func() error { return c.zero(j.off, j.n) }
+		w.run = func(ctx context.Context) error { return c.zero(ctx, j.off, j.n) }
 		return w, nil
 	case c.compressed != nil:
 		return c.prepareCompressed(j, w, comps)
@@ -364,9 +392,12 @@ func (c *copier) prepare(j job, buf []byte, comps chan *qcow2.Compressor) (write
 
 // zero makes [off, off+n) of the output read as zeros, unless it does
 // already. Without -S 0 the range may be deallocated.
-func (c *copier) zero(off, n int64) error {
+func (c *copier) zero(ctx context.Context, off, n int64) error {
 	if c.hasZeroInit {
 		return nil
+	}
+	if err := c.rate.wait(ctx, n); err != nil {
+		return err
 	}
 	if err := c.dst.WriteZeroes(off, n, c.minSparse > 0, false); err != nil {
 		return fmt.Errorf("error while writing at byte %d: %w", off, err)
@@ -375,10 +406,39 @@ func (c *copier) zero(off, n int64) error {
 }
 
 func (c *copier) read(p []byte, off int64) error {
-	if _, err := c.src.ReadAt(p, off); err != nil {
+	_, err := c.src.ReadAt(p, off)
+	switch {
+	case err == nil:
+		return nil
+	case !c.salvage:
 		return fmt.Errorf("error while reading at byte %d: %w", off, err)
 	}
+	// As qemu-img convert --salvage: read the range again one sector at
+	// a time, and zero the sectors that still fail.
+	for i := 0; i < len(p); i += 512 {
+		q := p[i:min(i+512, len(p))]
+		if _, err := c.src.ReadAt(q, off+int64(i)); err != nil {
+			c.warnf("error while reading offset %d: %s", off+int64(i), strerror(err))
+			clear(q)
+		}
+	}
 	return nil
+}
+
+// salvageExtent finds the status at off after asking for want bytes
+// failed with err: it asks for a quarter as much until one sector is
+// left, which is then taken as data (to be read, and zeroed if that fails
+// too).
+func (c *copier) salvageExtent(off, want int64, err error) block.Extent {
+	for n := want; n > 512; {
+		n = (n/512 + 3) / 4 * 512
+		var e block.Extent
+		if e, err = c.src.Extent(off, n); err == nil {
+			return e
+		}
+	}
+	c.warnf("error while reading block status at offset %d: %s", off, strerror(err))
+	return block.Extent{Length: min(512, c.src.Size()-off), Status: block.StatusData, Depth: 1}
 }
 
 // span is a piece of a data job: bytes to write, or zeros.
@@ -388,13 +448,52 @@ type span struct {
 }
 
 // prepareData reads one data range and splits it into the data to write
-// and its all-zero runs of at least minSparse bytes (found at 512-byte
-// granularity), which are zeroed instead.
+// and its all-zero runs of at least minSparse bytes, which are zeroed
+// instead. Under -C the range is copied in the kernel when it can be.
 func (c *copier) prepareData(j job, w write) (write, error) {
 	off, p := j.off, w.buf[:j.n]
+	if c.copyRange && !c.noOffload.Load() {
+		src, ok1 := c.src.(*block.Raw)
+		dst, ok2 := c.dst.(*block.Raw)
+		if ok1 && ok2 {
+			w.run = func(ctx context.Context) error {
+				return c.offload(ctx, dst, src, p, off)
+			}
+			return w, nil
+		}
+	}
 	if err := c.read(p, off); err != nil {
 		return w, err
 	}
+	spans := c.spans(p)
+	w.run = func(ctx context.Context) error { return c.writeSpans(ctx, p, off, spans) }
+	return w, nil
+}
+
+// offload copies len(p) bytes at off from src to dst with copy_file_range;
+// when the kernel refuses, offloading stops for the rest of the copy and
+// this range goes through p, as qemu-img falls back.
+func (c *copier) offload(ctx context.Context, dst, src *block.Raw, p []byte, off int64) error {
+	if err := c.rate.wait(ctx, int64(len(p))); err != nil {
+		return err
+	}
+	err := dst.CopyFrom(src, off, off, int64(len(p)))
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, block.ErrCopyUnsupported) {
+		return fmt.Errorf("error while writing at byte %d: %w", off, err)
+	}
+	c.noOffload.Store(true)
+	if err := c.read(p, off); err != nil {
+		return err
+	}
+	return c.writeSpans(ctx, p, off, c.spans(p))
+}
+
+// spans splits data into the runs to write and its all-zero runs of at
+// least minSparse bytes (found at 512-byte granularity).
+func (c *copier) spans(p []byte) []span {
 	var spans []span
 	dataStart := 0
 	if c.minSparse > 0 {
@@ -425,22 +524,27 @@ func (c *copier) prepareData(j job, w write) (write, error) {
 	if dataStart < len(p) {
 		spans = append(spans, span{dataStart, len(p), false})
 	}
-	w.run = func() error {
-		for _, s := range spans {
-			at := off + int64(s.from)
-			if s.zero {
-				if err := c.zero(at, int64(s.to-s.from)); err != nil {
-					return err
-				}
-				continue
+	return spans
+}
+
+// writeSpans writes the spans of p, which holds the source at off.
+func (c *copier) writeSpans(ctx context.Context, p []byte, off int64, spans []span) error {
+	for _, s := range spans {
+		at := off + int64(s.from)
+		if s.zero {
+			if err := c.zero(ctx, at, int64(s.to-s.from)); err != nil {
+				return err
 			}
-			if _, err := c.dst.WriteAt(p[s.from:s.to], at, false); err != nil {
-				return fmt.Errorf("error while writing at byte %d: %w", at, err)
-			}
+			continue
 		}
-		return nil
+		if err := c.rate.wait(ctx, int64(s.to-s.from)); err != nil {
+			return err
+		}
+		if _, err := c.dst.WriteAt(p[s.from:s.to], at, false); err != nil {
+			return fmt.Errorf("error while writing at byte %d: %w", at, err)
+		}
 	}
-	return w, nil
+	return nil
 }
 
 // prepareCompressed reads the whole clusters of a job and compresses
@@ -482,14 +586,18 @@ func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor)
 		}
 		clusters = append(clusters, cluster{q: q, z: z})
 	}
-	w.run = func() error {
+	w.run = func(ctx context.Context) error {
 		for i, cl := range clusters {
 			off := j.off + int64(i)*cs
 			if cl.zero {
-				if err := c.zero(off, int64(len(cl.q))); err != nil {
+				if err := c.zero(ctx, off, int64(len(cl.q))); err != nil {
 					return err
 				}
 				continue
+			}
+			// Throttled by the guest bytes, as QEMU throttles the request.
+			if err := c.rate.wait(ctx, int64(len(cl.q))); err != nil {
+				return err
 			}
 			if err := c.compressed.WritePrecompressed(cl.z, cl.q, off); err != nil {
 				return fmt.Errorf("error while writing compressed cluster at byte %d: %w", off, err)

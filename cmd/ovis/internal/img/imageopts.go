@@ -284,6 +284,13 @@ type SnapshotParam struct {
 // ParseSnapshotParam parses a -l argument, failing with qemu-nbd's two
 // lines for an option it does not know.
 func ParseSnapshotParam(s string) (SnapshotParam, error) {
+	return parseSnapshotParam(s, "`")
+}
+
+// parseSnapshotParam parses a snapshot parameter; quote opens the
+// parameter in the parse error (qemu-nbd's is a backquote, qemu-img's
+// an apostrophe).
+func parseSnapshotParam(s, quote string) (SnapshotParam, error) {
 	if !strings.HasPrefix(s, "snapshot.") {
 		return SnapshotParam{IDOrName: s}, nil
 	}
@@ -296,7 +303,7 @@ func ParseSnapshotParam(s string) (SnapshotParam, error) {
 			p.Name = o.value
 		default:
 			return p, errors.Join(fmt.Errorf("Invalid parameter '%s'", o.name),
-				fmt.Errorf("Failed in parsing snapshot param `%s'", s))
+				fmt.Errorf("Failed in parsing snapshot param %s%s'", quote, s))
 		}
 	}
 	return p, nil

@@ -20,6 +20,9 @@ type MeasureConfig struct {
 	Filename string
 	// Format (-f) is the source's format, "" to probe.
 	Format string
+	// Snapshot (-l) measures an internal snapshot of Filename:
+	// "snapshot.id=ID,snapshot.name=NAME" or one ID or name.
+	Snapshot string
 	// Size (--size) is the virtual size of an empty new image, as typed;
 	// "" with Filename.
 	Size string
@@ -54,12 +57,18 @@ func Measure(ctx context.Context, cfg MeasureConfig, stdout io.Writer) error {
 			return err
 		}
 	}
+	var snap SnapshotParam
+	if cfg.Snapshot != "" {
+		if snap, err = parseSnapshotParam(cfg.Snapshot, "'"); err != nil {
+			return err
+		}
+	}
 	options, err := accumulateOptions(cfg.Options)
 	if err != nil {
 		return err
 	}
 	switch {
-	case cfg.Filename == "" && cfg.Format != "":
+	case cfg.Filename == "" && (cfg.Format != "" || cfg.Snapshot != ""):
 		return errors.New("--image-opts, -f, and -l require a filename argument.")
 	case cfg.Filename != "" && imgSize != -1:
 		return errors.New("--size N cannot be used together with a filename.")
@@ -73,6 +82,11 @@ func Measure(ctx context.Context, cfg MeasureConfig, stdout io.Writer) error {
 			return err
 		}
 		defer dev.Close()
+		if cfg.Snapshot != "" {
+			if err := LoadSnapshot(dev, snap); err != nil {
+				return err
+			}
+		}
 		if src, err = newMeasureSource(cfg.Filename, dev); err != nil {
 			return err
 		}

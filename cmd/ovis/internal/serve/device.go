@@ -189,26 +189,9 @@ func loadSnapshot(dev block.Device, c *Config) error {
 	if err != nil {
 		return err
 	}
-	qimg, ok := dev.(*qcow2.Image)
-	if !ok {
-		return errors.New("Failed to load snapshot: Block format 'raw' used by device '' does not support temporarily loading internal snapshots")
-	}
-	if c.Snapshot {
+	if _, ok := dev.(*qcow2.Image); ok && c.Snapshot {
 		// The overlay is a new image: no snapshot is in it.
 		return errors.New("Failed to load snapshot: Can't find snapshot")
 	}
-	if p.IDOrName != "" {
-		if err = qimg.LoadSnapshot(p.IDOrName, ""); errors.Is(err, qcow2.ErrSnapshotNotFound) {
-			err = qimg.LoadSnapshot("", p.IDOrName)
-		}
-	} else {
-		err = qimg.LoadSnapshot(p.ID, p.Name)
-	}
-	if errors.Is(err, qcow2.ErrSnapshotNotFound) {
-		return errors.New("Failed to load snapshot: Can't find snapshot")
-	}
-	if err != nil {
-		return fmt.Errorf("Failed to load snapshot: %w", err)
-	}
-	return nil
+	return img.LoadSnapshot(dev, p)
 }

@@ -59,6 +59,16 @@ func Run(ctx context.Context, c Config) error {
 		return errors.Join(ferr, cerr)
 	}
 
+	// The metrics listener comes up before the NBD one, so that whoever
+	// waits for the NBD socket can scrape at once.
+	if m != nil {
+		stopMetrics, err := m.serveHTTP(c.MetricsAddr, log)
+		if err != nil {
+			closeDev()
+			return err
+		}
+		defer stopMetrics()
+	}
 	ln, err := listen(&c)
 	if err != nil {
 		closeDev()
@@ -73,13 +83,6 @@ func Run(ctx context.Context, c Config) error {
 	g := newGate(ln, c.Shared, idle)
 	connState := g.connState
 	if m != nil {
-		stopMetrics, err := m.serveHTTP(c.MetricsAddr, log)
-		if err != nil {
-			g.Close()
-			closeDev()
-			return err
-		}
-		defer stopMetrics()
 		connState = m.connState(connState)
 	}
 
