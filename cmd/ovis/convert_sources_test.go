@@ -231,3 +231,26 @@ func TestConvertRateLimit(t *testing.T) {
 		testutil.QemuImg(t, "compare", "-q", filepath.Join(dir, "src"), filepath.Join(dir, "dst"))
 	}
 }
+
+// TestCommitRateLimit requires commit -r to hold the copy to its rate (2
+// MiB at 4 MiB/s take at least 400 ms) and to refuse a bad rate as
+// qemu-img does.
+func TestCommitRateLimit(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, s := range []step{
+		run("qemu-img", "create", "-q", "-f", "qcow2", "base.qcow2", "8M"),
+		run("qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 3 1M 2M", "top.qcow2"),
+	} {
+		s(t, dir)
+	}
+	sameResult(t, "commit -r 1X", qemuImg(t, dir, "commit", "-r", "1X", "top.qcow2"), ovisImg(t, dir, "commit", "-r", "1X", "top.qcow2"))
+	start := time.Now()
+	mustOvisImg(t, dir, "commit", "-d", "-r", "4M", "top.qcow2")
+	if d := time.Since(start); d < 400*time.Millisecond {
+		t.Errorf("2 MiB at 4 MiB/s took %v", d)
+	}
+	testutil.QemuImg(t, "compare", "-q", filepath.Join(dir, "top.qcow2"), filepath.Join(dir, "base.qcow2"))
+	testutil.CheckImage(t, filepath.Join(dir, "base.qcow2"))
+}

@@ -44,6 +44,16 @@ func TestImageOptsLikeQemuImg(t *testing.T) {
 		{"info", "--image-opts", "driver=raw,file.filename=plain.raw,l2-cache-size=1M"},
 		{"info", "--image-opts", ""},
 		{"compare", "-F", "qcow2", "--image-opts", q(""), "driver=qcow2,file.filename=base.qcow2"},
+		{"amend", "-o", "lazy_refcounts=off", "--image-opts", q("")},
+		{"amend", "-f", "qcow2", "-o", "lazy_refcounts=off", "--image-opts", q("")},
+		{"amend", "-o", "lazy_refcounts=off", "--image-opts", q(",foo=1")},
+		{"amend", "-o", "lazy_refcounts=off", "--image-opts", "driver=raw,file.filename=plain.raw"},
+		// -T, the cache mode of check's and compare's images.
+		{"check", "-T", "none", "top.qcow2"},
+		{"check", "-T", "directsync", "--output=json", "base.qcow2"},
+		{"check", "-T", "foo", "top.qcow2"},
+		{"compare", "-T", "none", "top.qcow2", "base.qcow2"},
+		{"compare", "-T", "foo", "top.qcow2", "base.qcow2"},
 	} {
 		sameResult(t, strings.Join(args, " "), qemuImg(t, dir, args...), ovisImg(t, dir, args...))
 	}

@@ -10,9 +10,12 @@ import (
 )
 
 func newImgAmendCmd() *cobra.Command {
-	var cfg img.AmendConfig
+	var (
+		cfg       img.AmendConfig
+		imageOpts bool
+	)
 	cmd := &cobra.Command{
-		Use:   "amend [-p] [-q] [-f FMT] [-t CACHE] [--force] -o OPTIONS FILENAME",
+		Use:   "amend [--image-opts] [-p] [-q] [-f FMT] [-t CACHE] [--force] -o OPTIONS FILENAME",
 		Short: "Change the options of an existing qcow2 image",
 		Long: "Change the options of a qcow2 image in place, as qemu-img amend does: compat\n" +
 			"(0.10 or 1.1, expanding zero clusters on downgrade), refcount_bits,\n" +
@@ -21,6 +24,13 @@ func newImgAmendCmd() *cobra.Command {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Filenames = args
+			if imageOpts && len(args) == 1 {
+				file, err := imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format")
+				if err != nil {
+					return err
+				}
+				cfg.Filenames = []string{file}
+			}
 			return img.Amend(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -32,6 +42,7 @@ func newImgAmendCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print no progress")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "cache mode (accepted): writeback, writethrough, none, directsync or unsafe")
 	f.BoolVar(&cfg.Force, "force", false, "accepted for qemu-img compatibility (it only matters for encryption)")
+	addImageOpts(cmd, &imageOpts)
 	return cmd
 }
 

@@ -13,7 +13,7 @@ func newImgCheckCmd() *cobra.Command {
 	)
 	var imageOpts bool
 	cmd := &cobra.Command{
-		Use:   "check [-f FMT] [-r leaks|all] [--output=human|json] [-q] [-U] FILENAME",
+		Use:   "check [-f FMT] [-r leaks|all] [--output=human|json] [-q] [-T CACHE] [-U] FILENAME",
 		Short: "Check an image's metadata, and repair it with -r",
 		Long: "Check the image's metadata as qemu-img check does and exit 0 when it is clean,\n" +
 			"2 when it is corrupt, 3 when it only leaks clusters, 1 when the check failed\n" +
@@ -42,6 +42,7 @@ func newImgCheckCmd() *cobra.Command {
 	f.StringVarP(&cfg.Repair, "repair", "r", "", "repair leaks, or all inconsistencies")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
+	f.StringVarP(&cfg.Cache, "cache", "T", "", "cache mode of the image (default writeback; none and directsync read with O_DIRECT)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
 	addImageOpts(cmd, &imageOpts)
 	return cmd

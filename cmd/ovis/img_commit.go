@@ -14,7 +14,7 @@ func newImgCommitCmd() *cobra.Command {
 	)
 	var imageOpts bool
 	cmd := &cobra.Command{
-		Use:   "commit [-f FMT] [-b BASE] [-d] [-p] [-q] FILENAME",
+		Use:   "commit [-f FMT] [-b BASE] [-d] [-p] [-q] [-r RATE] FILENAME",
 		Short: "Write an image's changes into its backing file",
 		Long: "Copy what the image holds into its backing file (or into BASE, further down\n" +
 			"the chain, with everything in between) as qemu-img commit does, then empty the\n" +
@@ -37,6 +37,7 @@ func newImgCommitCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Drop, "drop", "d", false, "leave the image as it is")
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
+	f.StringVarP(&cfg.RateLimit, "rate-limit", "r", "", "most bytes committed per second (k, M, G suffixes)")
 	f.VarP(&cache, "cache", "t", "cache mode (accepted)")
 	addImageOpts(cmd, &imageOpts)
 	return cmd

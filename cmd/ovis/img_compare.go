@@ -13,7 +13,7 @@ func newImgCompareCmd() *cobra.Command {
 	)
 	var imageOpts bool
 	cmd := &cobra.Command{
-		Use:   "compare [-f FMT] [-F FMT] [-p] [-q] [-s] [-U] FILENAME1 FILENAME2",
+		Use:   "compare [-f FMT] [-F FMT] [-T CACHE] [-p] [-q] [-s] [-U] FILENAME1 FILENAME2",
 		Short: "Compare the content of two images",
 		Long: "Compare two images as qemu-img compare does: exit 0 when they read the same,\n" +
 			"1 when they differ (\"Content mismatch at offset N!\"), 2 when one cannot be\n" +
@@ -42,6 +42,7 @@ func newImgCompareCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Strict, "strict", "s", false, "fail on different sizes or allocation too")
 	f.BoolVarP(&cfg.Progress, "progress", "p", false, "show progress on stdout")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
+	f.StringVarP(&cfg.Cache, "cache", "T", "", "cache mode of both images (default writeback; none and directsync read with O_DIRECT)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the images even if they are in use")
 	addImageOpts(cmd, &imageOpts)
 	return cmd

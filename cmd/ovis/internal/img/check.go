@@ -23,6 +23,9 @@ type CheckConfig struct {
 	Output string
 	// Quiet (-q) prints nothing on stdout.
 	Quiet bool
+	// Cache (-T) is the image's cache mode; "" is writeback. none and
+	// directsync read with O_DIRECT.
+	Cache string
 }
 
 // Exit codes of qemu-img check besides 0 (clean) and 1 (check failed).
@@ -64,7 +67,11 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 	default:
 		return ParseRepair(cfg.Repair)
 	}
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true}, stderr)
+	openFile, err := sourceCache(cfg.Cache)
+	if err != nil {
+		return err
+	}
+	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true, OpenFile: openFile}, stderr)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 
 	"github.com/ovis-storage/ovis/block"
@@ -28,6 +29,9 @@ type CommitConfig struct {
 	// Progress (-p) prints QEMU's progress figure on stdout; Quiet (-q)
 	// prints nothing on stdout.
 	Progress, Quiet bool
+	// RateLimit (-r) caps the bytes committed per second ("" or "0": no
+	// cap), as the speed of QEMU's commit job.
+	RateLimit string
 }
 
 // Commit writes what an image holds above its base into the base, as
@@ -43,6 +47,13 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	if cfg.Base != "" {
 		cfg.Drop = true
 	}
+	var rate int64
+	if cfg.RateLimit != "" {
+		var err error
+		if rate, err = cvtnum("rate limit", cfg.RateLimit, math.MaxInt64); err != nil {
+			return err
+		}
+	}
 	// Read-write, as QEMU opens it: no other process may use the image
 	// while its data moves down the chain and it is emptied.
 	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{})
@@ -55,7 +66,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	err = commit(ctx, dev, cfg, prog)
+	err = commit(ctx, dev, cfg, prog, newRateLimiter(rate))
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -74,7 +85,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	return nil
 }
 
-func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress) error {
+func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) error {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
@@ -111,7 +122,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 	if err != nil {
 		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
 	}
-	err = commitInto(ctx, img, target, base, prog)
+	err = commitInto(ctx, img, target, base, prog, rate)
 	if cerr := target.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -120,8 +131,8 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 
 // commitInto copies the ranges of top decided above chain layer base into
 // target, the writable base. It stops once ctx is done, returning ctx's
-// error.
-func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress) error {
+// error. rate paces the copy, by the bytes of the ranges copied.
+func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress, rate *rateLimiter) error {
 	size := top.Size()
 	if target.Size() < size {
 		if err := growDevice(ctx, target, size); err != nil {
@@ -139,7 +150,7 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 		}
 		n := m.Length
 		if m.Present && m.Depth < base {
-			if err := copyRange(ctx, top, target, off, n, m.Zero, buf); err != nil {
+			if err := copyRange(ctx, top, target, off, n, m.Zero, buf, rate); err != nil {
 				return err
 			}
 		}
@@ -151,8 +162,11 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 
 // copyRange copies [off, off+n) of src to dst, or zeroes it there. It
 // stops between chunks once ctx is done.
-func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte) error {
+func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte, rate *rateLimiter) error {
 	if zero {
+		if err := rate.wait(ctx, n); err != nil {
+			return err
+		}
 		if err := dst.WriteZeroes(off, n, true, false); err != nil {
 			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
 		}
@@ -163,6 +177,9 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 			return err
 		}
 		k := min(int64(len(buf)), end-off)
+		if err := rate.wait(ctx, k); err != nil {
+			return err
+		}
 		if _, err := src.ReadAt(buf[:k], off); err != nil {
 			return fmt.Errorf("error while reading at byte %d: %s", off, strerror(err))
 		}

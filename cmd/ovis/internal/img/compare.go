@@ -24,6 +24,8 @@ type CompareConfig struct {
 	// Progress (-p) prints QEMU's progress figure on stdout; Quiet (-q)
 	// prints nothing on stdout.
 	Progress, Quiet bool
+	// Cache (-T) is both images' cache mode; "" is writeback.
+	Cache string
 }
 
 // Exit codes of qemu-img compare.
@@ -111,9 +113,13 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 			fmt.Fprintf(stdout, format, args...)
 		}
 	}
+	openFile, err := sourceCache(cfg.Cache)
+	if err != nil {
+		return exitWith(compareOpenFailed, err)
+	}
 	var sides [2]*compareSide
 	for i, nf := range [2][2]string{{cfg.Filename1, cfg.Format1}, {cfg.Filename2, cfg.Format2}} {
-		dev, err := openImage(nf[0], nf[1], qcow2.Options{ReadOnly: true})
+		dev, err := openImage(nf[0], nf[1], qcow2.Options{ReadOnly: true, OpenFile: openFile})
 		if err != nil {
 			return exitWith(compareOpenFailed, err)
 		}

@@ -65,6 +65,19 @@ func chainReason(filename, format string, err error, depth int) string {
 	return "Could not open backing file: " + chainReason(next, h.BackingFormat, err, depth+1)
 }
 
+// sourceCache parses a -T argument ("" is writeback) into how to open
+// the image's files, with qemu-img's message.
+func sourceCache(mode string) (func(string, bool) (block.File, error), error) {
+	if mode == "" {
+		return nil, nil
+	}
+	m, err := block.ParseCacheMode(mode)
+	if err != nil {
+		return nil, fmt.Errorf("Invalid source cache option: %s", mode)
+	}
+	return block.OpenFileFor(m), nil
+}
+
 // openWritable is openImage for an image to write, with QEMU's warning on
 // warn when a probed format turns out raw.
 func openWritable(filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
