@@ -510,16 +510,24 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 		if size == img.size {
 			return nil
 		}
+		if size < img.size && !shrink {
+			return fmt.Errorf("qcow2: shrinking from %d to %d bytes needs shrink", img.size, size)
+		}
+		storeBitmaps, err := img.resizeBitmapsLocked(size)
+		if err != nil {
+			return err
+		}
 		if size < img.size {
-			if !shrink {
-				return fmt.Errorf("qcow2: shrinking from %d to %d bytes needs shrink", img.size, size)
-			}
 			if err := img.unshareTailLocked(size); err != nil {
 				return err
 			}
-			return img.shrinkLocked(size)
+			if err := img.shrinkLocked(size); err != nil {
+				return err
+			}
+		} else if err := img.growLocked(size); err != nil {
+			return err
 		}
-		return img.growLocked(size)
+		return storeBitmaps()
 	})
 	if err != nil || size <= old || prealloc == "" || prealloc == PreallocOff {
 		return err

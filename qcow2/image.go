@@ -104,6 +104,8 @@ type Image struct {
 	// markedDirty is set once the header's dirty bit is on disk (lazy
 	// refcounts).
 	markedDirty bool
+	// bm holds the persistent dirty bitmaps (bitmap.go).
+	bm          bitmapState
 	needRebuild bool
 	closed      bool
 	// checkSnapSize is the size of the snapshot table as Check read it
@@ -247,6 +249,11 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 	}
+	// An unusable directory leaves the image without bitmaps: read-only
+	// opens list none, and a writable one drops them.
+	if img.loadBitmapDirectory(fileSize) != nil {
+		img.bm.list = nil
+	}
 
 	l2n, slice, rcn, err := o.cacheSizes(img.clusterSize, img.size, h.L2EntrySize())
 	if err != nil {
@@ -284,13 +291,21 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 			img.needRebuild = true
 		}
 		// Autoclear bits of features ovis does not maintain must be
-		// cleared before it writes. That includes bitmaps: ovis keeps the
-		// extension intact but does not update the bitmaps, so QEMU will
-		// consider them inconsistent.
-		if keep := uint64(AutoclearDataFileRaw); h.AutoclearFeatures&^keep != 0 {
+		// cleared before it writes. Bitmaps it keeps (bitmap.go) unless
+		// their directory is unusable; QEMU then drops them.
+		keep := uint64(AutoclearDataFileRaw)
+		if len(img.bm.list) > 0 {
+			keep |= AutoclearBitmaps
+		}
+		if h.AutoclearFeatures&^keep != 0 {
 			img.hdr.AutoclearFeatures &= keep
 			if err := img.writeHeaderLocked(); err != nil {
 				return nil, err
+			}
+		}
+		for _, b := range img.bm.list {
+			if b.Auto && !b.InUse {
+				img.bm.pending.Store(true)
 			}
 		}
 	}
@@ -464,7 +479,12 @@ func (img *Image) Close() error {
 	}
 	img.mu.Unlock()
 	var first error
-	if !img.ro {
+	if img.bm.tracking.Load() {
+		// The tracked bitmaps are stored, and their in-use flag
+		// cleared, before the final flush.
+		first = img.exclusive(img.storeOnCloseLocked)
+	}
+	if !img.ro && first == nil {
 		first = img.Flush()
 		if first == nil {
 			first = img.markClean()

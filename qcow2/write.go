@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/ovis-storage/ovis/block"
@@ -42,14 +43,24 @@ func (img *Image) beginWrite(off, n int64) error {
 		return err
 	}
 	img.mu.Lock()
-	closed, need := img.closed, img.needRebuild || (img.lazy && !img.markedDirty)
+	closed, need := img.closed, img.needRebuild || (img.lazy && !img.markedDirty) || img.bm.pending.Load()
 	img.mu.Unlock()
 	if closed {
 		return block.ErrClosed
 	}
-	if !need {
-		return nil
+	if need {
+		if err := img.beforeFirstWrite(); err != nil {
+			return err
+		}
 	}
+	img.markBitmaps(off, n)
+	return nil
+}
+
+// beforeFirstWrite repairs refcounts after an unclean shutdown, sets the
+// dirty bit of a lazy-refcounts image and flags enabled bitmaps in-use,
+// once.
+func (img *Image) beforeFirstWrite() error {
 	img.flushMu.Lock()
 	defer img.flushMu.Unlock()
 	img.mu.Lock()
@@ -70,6 +81,15 @@ func (img *Image) beginWrite(off, n int64) error {
 			return err
 		}
 		img.markedDirty = true
+	}
+	if img.bm.pending.Load() {
+		if err := img.startBitmaps(); err != nil {
+			// Bitmaps that cannot record this write must not be
+			// trusted afterwards: drop them.
+			if derr := img.dropBitmapsLocked(); derr != nil {
+				return errors.Join(err, derr)
+			}
+		}
 	}
 	return nil
 }

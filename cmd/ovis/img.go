@@ -25,6 +25,6 @@ func newImgCmd() *cobra.Command {
 		imgVerb.Store(true)
 		img.SetUntrusted(untrusted)
 	}
-	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd(), newImgAmendCmd(), newImgDDCmd())
+	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd(), newImgAmendCmd(), newImgDDCmd(), newImgBitmapCmd())
 	return cmd
 }
