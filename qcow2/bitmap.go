@@ -557,10 +557,8 @@ func (img *Image) AddBitmap(name string, granularity int64, disabled bool) error
 			granularity = img.DefaultBitmapGranularity()
 		}
 		switch {
-		case granularity < 512 || granularity&(granularity-1) != 0:
+		case granularity < 512 || granularity&(granularity-1) != 0 || granularity > 1<<maxBitmapGranBits:
 			return errors.New("Granularity must be power of 2 and at least 512")
-		case granularity > 1<<maxBitmapGranBits:
-			return fmt.Errorf("Granularity exceeds maximum (%d bytes)", int64(1)<<maxBitmapGranBits)
 		case img.findBitmap(name) != nil:
 			return &BitmapError{ErrBitmapExists, name}
 		case !img.v3:

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ovis-storage/ovis/internal/testutil"
+)
+
+var nodeNameRE = regexp.MustCompile(`to #block\d+:`)
+
+// dirtyMap exports bitmap name of image (in dir) with qemu-nbd -B and
+// returns nbdinfo's map of its dirty ranges: QEMU reads the bits.
+func dirtyMap(t *testing.T, dir, image, name string) string {
+	t.Helper()
+	uri, stop := serveURI(t, dir, "qemu-nbd", "-r", "-f", "qcow2", "-B", name, image)
+	defer stop()
+	return runTool(t, "nbdinfo", "--map=qemu:dirty-bitmap:"+name, uri)
+}
+
+// bitmapList returns qemu-img info's list of the image's bitmaps.
+func bitmapList(t *testing.T, path string) []any {
+	t.Helper()
+	var info struct {
+		FormatSpecific struct {
+			Data struct {
+				Bitmaps []any `json:"bitmaps"`
+			} `json:"data"`
+		} `json:"format-specific"`
+	}
+	if err := json.Unmarshal([]byte(testutil.QemuImg(t, "info", "-U", "--output=json", path)), &info); err != nil {
+		t.Fatal(err)
+	}
+	return info.FormatSpecific.Data.Bitmaps
+}
+
+// sameBitmaps requires two images to list the same bitmaps, with the same
+// bits (as QEMU reads them), and ovis's image to be clean.
+func sameBitmaps(t *testing.T, qdir, odir, image string) {
+	t.Helper()
+	ql, ol := bitmapList(t, filepath.Join(qdir, image)), bitmapList(t, filepath.Join(odir, image))
+	if !reflect.DeepEqual(ql, ol) {
+		t.Fatalf("bitmaps differ\nqemu-img: %v\n    ovis: %v", ql, ol)
+	}
+	for _, b := range ol {
+		m := b.(map[string]any)
+		name := m["name"].(string)
+		if strings.Contains(toString(m["flags"]), "in-use") {
+			continue // QEMU will not export an inconsistent bitmap
+		}
+		if q, o := dirtyMap(t, qdir, image, name), dirtyMap(t, odir, image, name); q != o {
+			t.Errorf("bitmap %s: bits differ\nqemu: %s\novis: %s", name, q, o)
+		}
+	}
+	testutil.CheckImage(t, filepath.Join(odir, image))
+}
+
+func toString(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestBitmapLikeQemu runs the same qemu-img bitmap commands with both
+// tools on images whose bits QEMU set (qemu-io writes), and requires the
+// same messages and exit codes at every step and, at the end, the same
+// bitmaps with the same bits.
+func TestBitmapLikeQemu(t *testing.T) {
+	t.Parallel()
+	qdir, odir := t.TempDir(), t.TempDir()
+	for _, dir := range []string{qdir, odir} {
+		for _, s := range []step{
+			run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "64M"),
+			run("qemu-img", "create", "-q", "-f", "qcow2", "other.qcow2", "64M"),
+			run("qemu-img", "bitmap", "--add", "-g", "8k", "other.qcow2", "o0"),
+			run("qemu-io", "-f", "qcow2", "-c", "write -P 1 40M 100k", "other.qcow2"),
+			run("qemu-img", "create", "-q", "-f", "qcow2", "-o", "compat=0.10", "v2.qcow2", "1M"),
+			run("qemu-img", "create", "-q", "-f", "raw", "r.raw", "1M"),
+		} {
+			s(t, dir)
+		}
+	}
+	steps := []string{
+		"--add i.qcow2 b0",
+		"--add -g 4k i.qcow2 b1",
+		"--add --disable i.qcow2 b2",
+		"--add -g 2M --disable --enable i.qcow2 b3",
+		"qemu-io write -P 1 100k 10k",
+		"qemu-io write -z 1M 300k",
+		"qemu-io write -P 2 63M 1M",
+		"--merge b1 i.qcow2 b2",
+		"--merge o0 -b other.qcow2 -F qcow2 i.qcow2 b3",
+		"--disable i.qcow2 b1",
+		"qemu-io write -P 3 20M 64k",
+		"--clear i.qcow2 b0",
+		"qemu-io write -P 4 30M 5k",
+		"--add --remove --add i.qcow2 z",
+		"--remove i.qcow2 z",
+		// Refusals.
+		"--add i.qcow2 b0",
+		"--remove i.qcow2 nosuch",
+		"--clear i.qcow2 nosuch",
+		"--enable i.qcow2 nosuch",
+		"--merge b0 i.qcow2 nosuch",
+		"--merge nosuch i.qcow2 b0",
+		"--merge nosuch -b other.qcow2 i.qcow2 b0",
+		"--add -g 1000 i.qcow2 b9",
+		"--add -g 256 i.qcow2 b9",
+		"--add -g 4G i.qcow2 b9",
+		"i.qcow2 b0",
+		"-g 4k --remove i.qcow2 b0",
+		"-F qcow2 --merge b1 i.qcow2 b0",
+		"-b other.qcow2 --add i.qcow2 b9",
+		"--add i.qcow2",
+		"--add missing.qcow2 b0",
+		"--add -f raw r.raw b0",
+		"--remove -f raw r.raw b0",
+	}
+	for _, s := range steps {
+		if cmds, ok := strings.CutPrefix(s, "qemu-io "); ok {
+			for _, dir := range []string{qdir, odir} {
+				run("qemu-io", "-f", "qcow2", "-c", cmds, "i.qcow2")(t, dir)
+			}
+			continue
+		}
+		args := append([]string{"bitmap"}, strings.Fields(s)...)
+		q := qemuImg(t, qdir, args...)
+		// QEMU names a raw image by its node name.
+		q.stderr = nodeNameRE.ReplaceAllString(q.stderr, "to r.raw:")
+		sameResult(t, s, q, ovisImg(t, odir, args...))
+	}
+	sameBitmaps(t, qdir, odir, "i.qcow2")
+	// A v2 image cannot hold bitmaps; QEMU names it by its node name.
+	q, o := qemuImg(t, qdir, "bitmap", "--add", "v2.qcow2", "b0"), ovisImg(t, odir, "bitmap", "--add", "v2.qcow2", "b0")
+	if q.code != 1 || o.code != 1 || !strings.Contains(o.stderr, "Cannot store dirty bitmaps in qcow2 v2 files") {
+		t.Errorf("v2: qemu-img exits %d, ovis %d: %s", q.code, o.code, o.stderr)
+	}
+}
+
+// TestBitmapTracksWrites writes the same ranges through qemu-nbd and
+// ovis nbd into copies of an image with enabled and disabled bitmaps, and
+// requires the same bits afterwards (QEMU reads them), after a resize
+// too; and a server killed while writing leaves its enabled bitmaps
+// flagged in-use, and the image otherwise clean.
+func TestBitmapTracksWrites(t *testing.T) {
+	t.Parallel()
+	qdir, odir := t.TempDir(), t.TempDir()
+	for _, dir := range []string{qdir, odir} {
+		for _, s := range []step{
+			run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "64M"),
+			run("qemu-io", "-f", "qcow2", "-c", "write -P 9 0 4M", "i.qcow2"),
+			run("qemu-img", "bitmap", "--add", "i.qcow2", "b0"),
+			run("qemu-img", "bitmap", "--add", "-g", "4k", "i.qcow2", "b1"),
+			run("qemu-img", "bitmap", "--add", "--disable", "i.qcow2", "b2"),
+			run("qemu-img", "bitmap", "--add", "-g", "512", "i.qcow2", "b3"),
+		} {
+			s(t, dir)
+		}
+	}
+	writes := []string{"write -P 1 100k 10k", "write -z 1M 300k", "write -P 2 63M 1M", "write -P 3 70000 1", "aio_write -P 4 10M 4k", "aio_write -P 5 10M 64k", "aio_flush", "write -P 6 67108352 512"}
+	for dir, bin := range map[string]string{qdir: "qemu-nbd", odir: ovisBin} {
+		uri, stop := serveURI(t, dir, bin, "-f", "qcow2", "i.qcow2")
+		qemuIONBD(t, uri, writes...)
+		stop()
+	}
+	sameBitmaps(t, qdir, odir, "i.qcow2")
+
+	// Growing keeps the bits and adds clear ones.
+	testutil.QemuImg(t, "resize", filepath.Join(qdir, "i.qcow2"), "100M")
+	mustOvisImg(t, odir, "resize", "i.qcow2", "100M")
+	sameBitmaps(t, qdir, odir, "i.qcow2")
+
+	// A server killed after writing: the enabled bitmaps say in-use.
+	sock := filepath.Join(shortTempDir(t), "s.sock")
+	uri := "nbd+unix:///?socket=" + sock
+	cmd := exec.Command(ovisBin, "nbd", "-t", "-k", sock, "-f", "qcow2", "i.qcow2")
+	cmd.Dir = odir
+	stop := testutil.StartUntil(t, cmd, func() bool { return exec.Command("nbdinfo", "--size", uri).Run() == nil })
+	qemuIONBD(t, uri, "write -P 7 90M 64k")
+	cmd.Process.Kill()
+	stop()
+	for _, b := range bitmapList(t, filepath.Join(odir, "i.qcow2")) {
+		m := b.(map[string]any)
+		inUse := strings.Contains(toString(m["flags"]), "in-use")
+		if want := m["name"] != "b2"; inUse != want {
+			t.Errorf("after a crash, bitmap %v: flags %v, want in-use %v", m["name"], m["flags"], want)
+		}
+	}
+	testutil.CheckImage(t, filepath.Join(odir, "i.qcow2"))
+	// An in-use bitmap can only be removed, by either tool.
+	for _, b := range []string{"b0", "b1", "b3"} {
+		mustOvisImg(t, odir, "bitmap", "--remove", "i.qcow2", b)
+	}
+	if l := bitmapList(t, filepath.Join(odir, "i.qcow2")); len(l) != 1 {
+		t.Fatalf("bitmaps left: %v", l)
+	}
+	testutil.CheckImage(t, filepath.Join(odir, "i.qcow2"))
+}
