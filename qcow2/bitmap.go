@@ -97,6 +97,9 @@ type bitmap struct {
 	changed bool
 	// tracking: writes set bits (an enabled bitmap of a written image).
 	tracking bool
+	// flagged: this Image set the in-use flag on disk, and Close clears
+	// it.
+	flagged bool
 }
 
 // bitmapState is an image's bitmaps.
@@ -353,7 +356,7 @@ func (img *Image) startBitmaps() error {
 	}
 	for _, b := range img.bm.list {
 		if b.Auto && !b.InUse {
-			b.InUse, b.tracking = true, true
+			b.InUse, b.tracking, b.flagged = true, true, true
 			b.flags |= bitmapFlagInUse
 		}
 	}
@@ -537,8 +540,8 @@ func (img *Image) storeOnCloseLocked() error {
 	img.bm.tracking.Store(false)
 	list := append([]*bitmap(nil), img.bm.list...)
 	for _, b := range list {
-		if b.tracking {
-			b.InUse, b.tracking, b.changed = false, false, true
+		if b.flagged {
+			b.InUse, b.tracking, b.flagged, b.changed = false, false, false, true
 			b.flags &^= bitmapFlagInUse
 		}
 	}
@@ -578,6 +581,8 @@ func (img *Image) AddBitmap(name string, granularity int64, disabled bool) error
 		}
 		if b.Auto {
 			b.flags = bitmapFlagAuto
+			// The next write flags it in-use and starts recording.
+			defer img.bm.pending.Store(true)
 		}
 		return img.storeBitmapsLocked(append(append([]*bitmap(nil), img.bm.list...), b))
 	})
@@ -615,9 +620,13 @@ func (img *Image) SetBitmapEnabled(name string, on bool) error {
 		b.Auto = on
 		if on {
 			b.flags |= bitmapFlagAuto
+			if !b.flagged {
+				img.bm.pending.Store(true)
+			}
 		} else {
 			b.flags &^= bitmapFlagAuto
 		}
+		b.tracking = on && b.flagged
 		return nil
 	})
 }
@@ -671,7 +680,7 @@ func (img *Image) changeBitmap(name string, fn func(*bitmap) error) error {
 		switch {
 		case b == nil:
 			return &BitmapError{ErrBitmapNotFound, name}
-		case b.InUse:
+		case b.InUse && !b.flagged:
 			return &BitmapError{ErrBitmapInUse, name}
 		}
 		if err := fn(b); err != nil {
@@ -690,7 +699,7 @@ func (img *Image) resizeBitmapsLocked(size int64) (store func() error, err error
 		return func() error { return nil }, nil
 	}
 	for _, b := range img.bm.list {
-		if b.InUse && !b.tracking {
+		if b.InUse && !b.flagged {
 			continue
 		}
 		bits, err := img.readBits(b)
