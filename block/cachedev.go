@@ -69,3 +69,18 @@ func OpenFileFor(m CacheMode) func(name string, readOnly bool) (File, error) {
 		return f, nil
 	}
 }
+
+func (w writethroughDevice) Unwrap() Device { return w.Device }
+func (u unsafeDevice) Unwrap() Device       { return u.Device }
+
+// Unwrap returns the device under cache-mode wrappers (WithCacheMode), so
+// that callers can reach an engine's own operations.
+func Unwrap(d Device) Device {
+	for {
+		u, ok := d.(interface{ Unwrap() Device })
+		if !ok {
+			return d
+		}
+		d = u.Unwrap()
+	}
+}

@@ -40,10 +40,65 @@ func convertInputs(t *testing.T, dir string) {
 		run("qemu-io", "-f", "qcow2", "-c", "write -P 9 0 64k", "-c", "write -P 5 512k 128k", "s.qcow2"),
 		run("qemu-img", "convert", "-c", "-O", "qcow2", "a.raw", "bad.qcow2"),
 		run("qemu-img", "create", "-q", "-f", "qcow2", "t.qcow2", "2M"),
+		run("qemu-img", "create", "-q", "-f", "qcow2", "bm.qcow2", "4M"),
+		run("qemu-img", "bitmap", "--add", "bm.qcow2", "b0"),
+		run("qemu-img", "bitmap", "--add", "-g", "4k", "--disable", "bm.qcow2", "b1"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 1 1M 100k", "bm.qcow2"),
+		run("qemu-img", "bitmap", "--enable", "bm.qcow2", "b1"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 2 3M 10k", "bm.qcow2"),
 	} {
 		s(t, dir)
 	}
 	corruptCompressedCluster(t, filepath.Join(dir, "bad.qcow2"), 3)
+	// bad-bm.qcow2: bm.qcow2 whose b0 a writer left in-use.
+	b, err := os.ReadFile(filepath.Join(dir, "bm.qcow2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bad-bm.qcow2"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setBitmapInUse(t, filepath.Join(dir, "bad-bm.qcow2"), 0)
+}
+
+// setBitmapInUse sets the in-use flag of entry i of a qcow2 image's bitmap
+// directory, as a writer that crashed leaves it.
+func setBitmapInUse(t *testing.T, path string, i int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	head := make([]byte, 4096)
+	if _, err := f.ReadAt(head, 0); err != nil {
+		t.Fatal(err)
+	}
+	be := binary.BigEndian
+	for p := int(be.Uint32(head[100:])); p+8 <= len(head); {
+		typ, n := be.Uint32(head[p:]), int(be.Uint32(head[p+4:]))
+		if typ == 0 {
+			break
+		}
+		if typ == 0x23852875 {
+			dirSize, dirOff := be.Uint64(head[p+8+8:]), int64(be.Uint64(head[p+8+16:]))
+			dir := make([]byte, dirSize)
+			if _, err := f.ReadAt(dir, dirOff); err != nil {
+				t.Fatal(err)
+			}
+			q := 0
+			for range i {
+				q += (24 + int(be.Uint32(dir[q+20:])) + int(be.Uint16(dir[q+18:])) + 7) &^ 7
+			}
+			be.PutUint32(dir[q+12:], be.Uint32(dir[q+12:])|1)
+			if _, err := f.WriteAt(dir[q+12:q+16], dirOff+int64(q)+12); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+		p += 8 + (n+7)&^7
+	}
+	t.Fatalf("%s has no bitmaps extension", path)
 }
 
 // corruptCompressedCluster overwrites the start of the deflate stream of
@@ -121,6 +176,20 @@ func TestConvertOptionsLikeQemu(t *testing.T) {
 		{"target image opts bad", "-n --target-image-opts a.raw driver=qcow2,file.filename=t.qcow2,foo=1", ""},
 		{"target image opts missing file", "-n --target-image-opts a.raw driver=qcow2,file.filename=nonexist", ""},
 		{"-o with -n", "-n -o cluster_size=4k -O qcow2 a.raw t.qcow2", ""},
+		{"compressed writethrough", "-t writethrough -c -O qcow2 a.raw out", "out"},
+		{"copy offloading directsync", "-t directsync -C -O raw a.raw out", "out"},
+		// --bitmaps: s.qcow2 has none, bm.qcow2 two (one disabled, both
+		// with bits), bad-bm.qcow2 an inconsistent one.
+		{"bitmaps", "--bitmaps -O qcow2 bm.qcow2 out", "out"},
+		{"bitmaps none", "--bitmaps -O qcow2 s.qcow2 out", "out"},
+		{"bitmaps writethrough", "-t writethrough --bitmaps -W -O qcow2 bm.qcow2 out", "out"},
+		{"bitmaps skip broken", "--bitmaps --skip-broken-bitmaps -O qcow2 bad-bm.qcow2 out", "out"},
+		{"bitmaps broken", "--bitmaps -O qcow2 bad-bm.qcow2 out", ""},
+		{"skip broken without bitmaps", "--skip-broken-bitmaps -O qcow2 bm.qcow2 out", ""},
+		{"bitmaps concatenated", "--bitmaps -O qcow2 bm.qcow2 a.raw out", ""},
+		{"bitmaps from raw", "--bitmaps -O qcow2 a.raw out", ""},
+		{"bitmaps to raw", "--bitmaps -O raw bm.qcow2 out", ""},
+		{"bitmaps to v2", "--bitmaps -O qcow2 -o compat=0.10 bm.qcow2 out", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -147,6 +216,9 @@ func TestConvertOptionsLikeQemu(t *testing.T) {
 			}
 			qo, oo := filepath.Join(qdir, tt.out), filepath.Join(odir, tt.out)
 			testutil.QemuImg(t, "compare", "-q", qo, oo)
+			if strings.Contains(tt.args, "--bitmaps") {
+				sameBitmaps(t, qdir, odir, tt.out)
+			}
 			if info := testutil.QemuImg(t, "info", "-U", oo); strings.Contains(info, "file format: qcow2") {
 				testutil.CheckImage(t, oo)
 			}

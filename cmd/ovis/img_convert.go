@@ -70,6 +70,8 @@ func newImgConvertCmd() *cobra.Command {
 	f.StringVarP(&cfg.RateLimit, "rate-limit", "r", "", "most bytes written per second (k, M, G suffixes)")
 	f.StringVarP(&cfg.Snapshot, "snapshot", "l", "", "copy an internal snapshot of SRC: snapshot.id=ID,snapshot.name=NAME or ID_OR_NAME")
 	f.BoolVar(&cfg.Salvage, "salvage", false, "write what cannot be read as zeros, with a warning, instead of failing")
+	f.BoolVar(&cfg.Bitmaps, "bitmaps", false, "also copy the source's persistent bitmaps")
+	f.BoolVar(&cfg.SkipBrokenBitmaps, "skip-broken-bitmaps", false, "with --bitmaps, leave out inconsistent bitmaps instead of failing")
 	f.BoolVar(&targetImageOpts, "target-image-opts", false, "treat DST as an option list (needs -n)")
 	addImageOpts(cmd, &imageOpts)
 	return cmd

@@ -56,6 +56,10 @@ type ConvertConfig struct {
 	// CopyRange (-C) copies data between raw files inside the kernel
 	// (copy_file_range) where it can, and through memory where not.
 	CopyRange bool
+	// Bitmaps (--bitmaps) copies the source's persistent bitmaps into a
+	// qcow2 output; SkipBrokenBitmaps (--skip-broken-bitmaps) leaves out
+	// the inconsistent ones instead of failing.
+	Bitmaps, SkipBrokenBitmaps bool
 	// SparseSize (-S) is the -S argument as typed: all-zero runs of at
 	// least this many bytes inside data are not written. "" means the
 	// default, 4k; "0" writes everything and allocates the whole output.
@@ -163,6 +167,11 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		return err
 	}
 	defer src.Close()
+	if cfg.Bitmaps {
+		if err := checkBitmaps(cfg, src); err != nil {
+			return err
+		}
+	}
 
 	targetHasBacking := cfg.BackingFile != ""
 	if cfg.TargetIsZero && targetHasBacking {
@@ -181,6 +190,16 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	dst, err := openTarget(cfg.Dest, outFmt, cfg.NoCreate, cache)
 	if err != nil {
 		return openError(cfg.Dest, err)
+	}
+	if cfg.Bitmaps {
+		if img, ok := block.Unwrap(dst).(*qcow2.Image); !ok || img.Header().Version < 3 {
+			format := "raw"
+			if ok {
+				format = "qcow2"
+			}
+			dst.Close()
+			return fmt.Errorf("Format driver '%s' does not support bitmaps", format)
+		}
 	}
 	c := &copier{
 		src:         src,
@@ -206,7 +225,79 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if cerr := dst.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
 	}
+	if err == nil && cfg.Bitmaps {
+		err = copyBitmaps(cfg, src, outFmt, cache)
+	}
 	return err
+}
+
+// checkBitmaps refuses --bitmaps as qemu-img does before it converts:
+// several sources, a source without bitmaps support, an inconsistent
+// bitmap without --skip-broken-bitmaps.
+func checkBitmaps(cfg ConvertConfig, src block.Device) error {
+	if len(cfg.Sources) > 1 {
+		return errors.New("Copying bitmaps only possible with single source")
+	}
+	img, ok := src.(*qcow2.Image)
+	if !ok || img.Header().Version < 3 {
+		return errors.New("Source lacks bitmap support")
+	}
+	for _, b := range img.Bitmaps() {
+		if b.InUse && !cfg.SkipBrokenBitmaps {
+			return fmt.Errorf("Cannot copy inconsistent bitmap '%s'\n"+
+				"Try --skip-broken-bitmaps, or use 'qemu-img bitmap --remove' to delete it", b.Name)
+		}
+	}
+	return nil
+}
+
+// copyBitmaps adds the source's consistent bitmaps to the finished output,
+// with their granularity, enabled state and bits.
+func copyBitmaps(cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
+	simg := src.(*qcow2.Image) // checkBitmaps made sure
+	dev, err := openTarget(cfg.Dest, outFmt, true, cache)
+	if err != nil {
+		return openError(cfg.Dest, err)
+	}
+	dst, _ := block.Unwrap(dev).(*qcow2.Image)
+	for _, b := range simg.Bitmaps() {
+		if b.InUse {
+			fmt.Fprintf(cfg.warnTo(), "ovis: warning: Skipping inconsistent bitmap '%s'\n", b.Name)
+			continue
+		}
+		if dst == nil {
+			err = fmt.Errorf("Failed to create bitmap %s: Can't store persistent bitmaps to %s: Operation not supported", b.Name, cfg.Dest)
+			break
+		}
+		if err = dst.AddBitmap(b.Name, b.Granularity, !b.Auto); err != nil {
+			err = fmt.Errorf("Failed to create bitmap %s: %s", b.Name, bitmapReason(err))
+			break
+		}
+		bits, g, rerr := simg.BitmapBits(b.Name)
+		if rerr == nil {
+			rerr = dst.MergeBitmap(b.Name, bits, g)
+		}
+		if rerr != nil {
+			dst.RemoveBitmap(b.Name)
+			err = fmt.Errorf("Failed to populate bitmap %s: %s", b.Name, bitmapReason(rerr))
+			break
+		}
+	}
+	if cerr := dev.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
+	}
+	return err
+}
+
+// warnTo is where warnings go: nowhere under -q.
+func (cfg ConvertConfig) warnTo() io.Writer {
+	switch {
+	case cfg.Quiet:
+		return io.Discard
+	case cfg.ProgressTo != nil:
+		return cfg.ProgressTo
+	}
+	return os.Stderr
 }
 
 var errConcatBacking = errors.New("Having a backing file for the target makes no sense when concatenating multiple input images")
@@ -215,6 +306,8 @@ var errConcatBacking = errors.New("Having a backing file for the target makes no
 // refuses, with its messages and in its order.
 func convertConflicts(cfg ConvertConfig) error {
 	switch {
+	case cfg.SkipBrokenBitmaps && !cfg.Bitmaps:
+		return errors.New("Use of --skip-broken-bitmaps requires --bitmaps")
 	case cfg.Compress && cfg.CopyRange:
 		return errors.New("Cannot enable copy offloading when -c is used")
 	case cfg.SparseSize != "" && cfg.CopyRange:
@@ -347,7 +440,7 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 // progress bar for -p.
 func runCopy(ctx context.Context, c *copier, cfg ConvertConfig) error {
 	if cfg.Compress {
-		img, ok := c.dst.(*qcow2.Image)
+		img, ok := block.Unwrap(c.dst).(*qcow2.Image)
 		if !ok {
 			return errors.New("Compression not supported for this file format")
 		}

@@ -454,7 +454,7 @@ func (c *copier) prepareData(j job, w write) (write, error) {
 	off, p := j.off, w.buf[:j.n]
 	if c.copyRange && !c.noOffload.Load() {
 		src, ok1 := c.src.(*block.Raw)
-		dst, ok2 := c.dst.(*block.Raw)
+		dst, ok2 := block.Unwrap(c.dst).(*block.Raw)
 		if ok1 && ok2 {
 			w.run = func(ctx context.Context) error {
 				return c.offload(ctx, dst, src, p, off)
