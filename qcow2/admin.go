@@ -449,6 +449,13 @@ func (img *Image) ApplySnapshot(idOrName string) error {
 		if err != nil {
 			return err
 		}
+		// 0. The whole disk may change: enabled bitmaps are flagged
+		// in-use first and then mark everything (QEMU leaves them as
+		// they were, which would let an incremental backup miss the
+		// reverted clusters).
+		if err := img.markAllBitmapsLocked(); err != nil {
+			return err
+		}
 		// 1. Count the snapshot's tree once more, durably.
 		if err := img.addTreeRefsLocked(l1, 1); err != nil {
 			return err

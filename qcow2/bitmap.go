@@ -716,3 +716,16 @@ func (img *Image) resizeBitmapsLocked(size int64) (store func() error, err error
 	}
 	return func() error { return img.storeBitmapsLocked(append([]*bitmap(nil), img.bm.list...)) }, nil
 }
+
+// markAllBitmapsLocked sets every bit of the enabled bitmaps, after
+// flagging them in-use, before an operation that may change any cluster
+// (applying a snapshot). Inside exclusive.
+func (img *Image) markAllBitmapsLocked() error {
+	if img.bm.pending.Load() {
+		if err := img.startBitmaps(); err != nil {
+			return img.dropBitmapsLocked()
+		}
+	}
+	img.markBitmaps(0, img.size)
+	return nil
+}

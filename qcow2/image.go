@@ -254,6 +254,14 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 	if img.loadBitmapDirectory(fileSize) != nil {
 		img.bm.list = nil
 	}
+	staleBitmaps := img.bitmapExt() != nil && (!img.v3 || h.AutoclearFeatures&AutoclearBitmaps == 0)
+	if staleBitmaps && o.Warn != nil {
+		w := "a program lacking bitmap support modified this file, so all bitmaps are now considered inconsistent"
+		if !img.v3 {
+			w = "This qcow2 v2 image contains bitmaps, but they may have been modified by a program without persistent bitmap support; so now they must all be considered inconsistent"
+		}
+		o.Warn(w, "Some clusters may be leaked, run 'qemu-img check -r' on the image file to fix.")
+	}
 
 	l2n, slice, rcn, err := o.cacheSizes(img.clusterSize, img.size, h.L2EntrySize())
 	if err != nil {
@@ -297,8 +305,13 @@ func openFile(f block.File, path string, o Options, seen map[string]bool) (*Imag
 		if len(img.bm.list) > 0 {
 			keep |= AutoclearBitmaps
 		}
-		if h.AutoclearFeatures&^keep != 0 {
+		if h.AutoclearFeatures&^keep != 0 || staleBitmaps {
+			// As QEMU, a writer also drops a bitmaps extension that no
+			// longer counts (its clusters stay leaked).
 			img.hdr.AutoclearFeatures &= keep
+			if staleBitmaps {
+				img.setBitmapExt(nil, 0, 0)
+			}
 			if err := img.writeHeaderLocked(); err != nil {
 				return nil, err
 			}

@@ -74,6 +74,10 @@ type Options struct {
 	// files. nil means block.OpenFile. The files it returns are locked as
 	// QEMU locks them (block.Perm) if they are block.ImageLockers.
 	OpenFile func(name string, readOnly bool) (block.File, error)
+	// Warn, when set, receives the warnings QEMU prints while it opens an
+	// image (bitmaps another program invalidated), as QEMU words them:
+	// the warning, then its hint without a final newline.
+	Warn func(warning, hint string)
 }
 
 // fileRole is what a file is to the image being opened, which decides

@@ -138,7 +138,14 @@ func (img *Image) readL1(off uint64, n uint32, fileSize int64) ([]uint64, error)
 
 // countBitmaps counts the bitmap directory, bitmap tables and bitmap data
 // clusters of the bitmaps extension.
+//
+// As QEMU's check, it counts them only when the image's bitmaps are valid
+// (version 3, autoclear bit set); otherwise QEMU ignores the extension and
+// the clusters are leaks.
 func (img *Image) countBitmaps(r *refCounter, fileSize int64) error {
+	if img.hdr.Version < 3 || img.hdr.AutoclearFeatures&AutoclearBitmaps == 0 {
+		return nil
+	}
 	for _, e := range img.hdr.Extensions {
 		if e.Type != extBitmaps || len(e.Data) < 24 {
 			continue

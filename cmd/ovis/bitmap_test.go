@@ -200,3 +200,48 @@ func TestBitmapTracksWrites(t *testing.T) {
 	}
 	testutil.CheckImage(t, filepath.Join(odir, "i.qcow2"))
 }
+
+// TestBitmapSnapshotApply requires applying an internal snapshot to mark
+// every bit of the enabled bitmaps (any cluster may have changed), and
+// leave a disabled one alone.
+func TestBitmapSnapshotApply(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, s := range []step{
+		run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "4M"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 1 0 64k", "i.qcow2"),
+		run("qemu-img", "snapshot", "-c", "s1", "i.qcow2"),
+		run("qemu-img", "bitmap", "--add", "i.qcow2", "b0"),
+		run("qemu-img", "bitmap", "--add", "--disable", "i.qcow2", "b1"),
+	} {
+		s(t, dir)
+	}
+	mustOvisImg(t, dir, "snapshot", "-a", "s1", "i.qcow2")
+	testutil.CheckImage(t, filepath.Join(dir, "i.qcow2"))
+	if m := dirtyMap(t, dir, "i.qcow2", "b0"); !strings.Contains(m, "0     4194304    1  dirty") {
+		t.Errorf("b0 after applying a snapshot:\n%s", m)
+	}
+	if m := dirtyMap(t, dir, "i.qcow2", "b1"); strings.Contains(m, "dirty") {
+		t.Errorf("disabled b1 after applying a snapshot:\n%s", m)
+	}
+}
+
+// TestBitmapCheckLikeQemu: bitmaps QEMU no longer trusts (a version 2
+// image, after amend) leave their clusters as leaks for both tools'
+// check, and check -r leaks frees them.
+func TestBitmapCheckLikeQemu(t *testing.T) {
+	t.Parallel()
+	qdir, odir := t.TempDir(), t.TempDir()
+	for _, dir := range []string{qdir, odir} {
+		for _, s := range []step{
+			run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "4M"),
+			run("qemu-img", "bitmap", "--add", "i.qcow2", "b0"),
+			run("qemu-img", "amend", "-o", "compat=0.10", "i.qcow2"),
+		} {
+			s(t, dir)
+		}
+	}
+	for _, args := range [][]string{{"check", "--output=json", "i.qcow2"}, {"check", "-r", "leaks", "i.qcow2"}, {"check", "i.qcow2"}} {
+		sameResult(t, strings.Join(args, " "), qemuImg(t, qdir, args...), ovisImg(t, odir, args...))
+	}
+}

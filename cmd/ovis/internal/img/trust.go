@@ -2,6 +2,7 @@ package img
 
 import (
 	"fmt"
+	"os"
 	"sync/atomic"
 
 	"github.com/ovis-storage/ovis/qcow2"
@@ -31,6 +32,9 @@ func trust(path string, o qcow2.Options) qcow2.Options {
 	o.ForceShare = o.ForceShare || forceShare.Load()
 	if io := imageOptsFor(path); io != nil {
 		o = io.Apply(o)
+	}
+	if o.Warn == nil {
+		o.Warn = func(warning, hint string) { fmt.Fprintf(os.Stderr, "ovis: warning: %s\n%s", warning, hint) }
 	}
 	return o
 }
