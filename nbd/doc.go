@@ -19,7 +19,8 @@
 //     NBD_STATE_ZERO from block.Extent's Status) and
 //     qemu:allocation-depth (block.Extent's Depth: 0 unallocated, 1
 //     this layer, 2 and up the backing chain), as QEMU documents it in
-//     docs/interop/nbd.txt;
+//     docs/interop/nbd.txt, and qemu:dirty-bitmap:NAME for each of
+//     Export.Bitmaps (1 for a dirty range);
 //   - commands READ, WRITE, DISC, FLUSH, TRIM, CACHE (a successful
 //     no-op), WRITE_ZEROES (NO_HOLE, FAST_ZERO) and BLOCK_STATUS
 //     (REQ_ONE); FUA on any command, DF on READ. READ and WRITE longer
@@ -27,9 +28,9 @@
 //     a payload are served at any length inside the export, as the spec
 //     allows (QEMU sends discards longer than the maximum).
 //
-// Query syntax for the metadata contexts: "base:allocation" and
-// "qemu:allocation-depth" select themselves; in LIST_META_CONTEXT, a
-// bare "base:" or "qemu:" lists the namespace and no query lists both;
+// Query syntax for the metadata contexts: each context's name selects it;
+// in LIST_META_CONTEXT, a bare "base:" or "qemu:" lists the namespace,
+// "qemu:dirty-bitmap:" every bitmap, and no query lists them all;
 // anything else is ignored.
 //
 // Invariants:
@@ -80,6 +81,5 @@
 // client without NBD_FLAG_C_FIXED_NEWSTYLE is still served, but not with
 // TLS), extended headers (NBD_OPT_EXTENDED_HEADERS is refused with
 // NBD_REP_ERR_UNSUP, so QEMU 8.2+ falls back to structured replies),
-// SELECTIVETLS, NBD_CMD_RESIZE, qemu:dirty-bitmap contexts, and a
-// minimum block size above 1.
+// SELECTIVETLS, NBD_CMD_RESIZE, and a minimum block size above 1.
 package nbd

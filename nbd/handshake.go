@@ -34,6 +34,8 @@ var (
 type metaContext struct {
 	id   uint32
 	name string
+	// bitmap is set for a qemu:dirty-bitmap context.
+	bitmap *ExportBitmap
 }
 
 // Context ids. They are transient per the spec; fixed values make traces
@@ -41,6 +43,8 @@ type metaContext struct {
 const (
 	idBaseAllocation uint32 = 1
 	idAllocDepth     uint32 = 2
+	// idFirstBitmap is the id of an export's first dirty-bitmap context.
+	idFirstBitmap uint32 = 3
 )
 
 // negotiated is the outcome of a successful handshake: the export chosen
@@ -472,10 +476,14 @@ func parseMetaRequest(data []byte) (metaRequest, bool) {
 	return req, true
 }
 
-// allContexts lists the contexts this server offers, in id order.
-var allContexts = []metaContext{
-	{idBaseAllocation, contextBaseAllocation},
-	{idAllocDepth, contextAllocDepth},
+// contextsOf lists the contexts export e offers, in id order: the two
+// fixed ones, then one qemu:dirty-bitmap context per bitmap.
+func contextsOf(e *Export) []metaContext {
+	out := []metaContext{{id: idBaseAllocation, name: contextBaseAllocation}, {id: idAllocDepth, name: contextAllocDepth}}
+	for i := range e.Bitmaps {
+		out = append(out, metaContext{id: idFirstBitmap + uint32(i), name: contextDirtyBitmap + e.Bitmaps[i].Name, bitmap: &e.Bitmaps[i]})
+	}
+	return out
 }
 
 // matchContexts returns the contexts that queries select, in id order and
@@ -484,11 +492,11 @@ var allContexts = []metaContext{
 // it; for SET_META_CONTEXT a bare namespace selects nothing, as the spec
 // requires. Unknown namespaces, unknown leaves and queries without a colon
 // are ignored.
-func matchContexts(queries []string, list bool) []metaContext {
+func matchContexts(allContexts []metaContext, queries []string, list bool) []metaContext {
 	if list && len(queries) == 0 {
 		return allContexts
 	}
-	var picked [2]bool
+	picked := make([]bool, len(allContexts))
 	for _, q := range queries {
 		ns, leaf, ok := strings.Cut(q, ":")
 		if !ok {
@@ -499,7 +507,9 @@ func matchContexts(queries []string, list bool) []metaContext {
 			if ns != cns {
 				continue
 			}
-			if leaf == cleaf || (list && leaf == "") {
+			// In a list, "qemu:dirty-bitmap:" lists every bitmap.
+			prefix := list && strings.HasSuffix(leaf, ":") && strings.HasPrefix(cleaf, leaf)
+			if leaf == cleaf || (list && leaf == "") || prefix {
 				picked[i] = true
 			}
 		}
@@ -531,7 +541,7 @@ func (h *handshake) metaContext(opt optType, data []byte) error {
 	if e == nil {
 		return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export %q not found", truncate(req.export)))
 	}
-	picked := matchContexts(req.queries, !set)
+	picked := matchContexts(contextsOf(e), req.queries, !set)
 	for _, c := range picked {
 		b := make([]byte, 4, 4+len(c.name))
 		if set {

@@ -212,6 +212,9 @@ const (
 const (
 	contextBaseAllocation = "base:allocation"
 	contextAllocDepth     = "qemu:allocation-depth"
+	contextDirtyBitmap    = "qemu:dirty-bitmap:"
+	// stateDirty is the qemu:dirty-bitmap flag of a dirty range.
+	stateDirty = 1
 )
 
 // Errno is an NBD error value, as sent in the error field of a reply. The

@@ -47,6 +47,17 @@ type Export struct {
 	// is the safe choice because block.Device has no way to forbid the
 	// slow fallback (block.Raw writes zeros when fallocate is missing).
 	CanFastZero func(off, n int64, mayUnmap bool) bool
+	// Bitmaps are dirty bitmaps offered as the metadata contexts
+	// "qemu:dirty-bitmap:NAME" (qemu-nbd -B), in this order.
+	Bitmaps []ExportBitmap
+}
+
+// ExportBitmap is a dirty bitmap of an export's device.
+type ExportBitmap struct {
+	Name string
+	// Extent describes the run of equal dirtiness that starts at off, at
+	// most n bytes long; a length of 0 is a device bug, reported dirty.
+	Extent func(off, n int64) (length int64, dirty bool, err error)
 }
 
 // exportFlags is the transmission flags advertised for e. HAS_FLAGS,

@@ -672,7 +672,18 @@ func (t *transmission) blockStatus(req request) {
 	}
 	chunks := make([][]byte, len(t.contexts))
 	for i, c := range t.contexts {
-		chunks[i] = encodeStatus(c, runs)
+		if c.bitmap == nil {
+			chunks[i] = encodeStatus(c, runs)
+			continue
+		}
+		bruns, err := bitmapRuns(c.bitmap, int64(req.offset), int64(req.length), req.flags&cmdFlagReqOne != 0)
+		if err != nil {
+			errno := errnoOf(err, req.typ)
+			t.log.Warn("request failed", "cmd", "BLOCK_STATUS", "bitmap", c.bitmap.Name, "offset", req.offset, "errno", uint32(errno), "err", err)
+			t.replyError(req, errno, "BLOCK_STATUS failed")
+			return
+		}
+		chunks[i] = encodeStatus(c, bruns)
 	}
 	t.send(func(w *bufio.Writer) error {
 		for i, b := range chunks {
@@ -719,6 +730,37 @@ func statusRuns(dev block.Device, off, n int64, reqOne bool) ([]statusRun, error
 			if e.Status&block.StatusZero != 0 {
 				r.flags |= stateZero
 			}
+		}
+		r.n = uint32(l)
+		runs = append(runs, r)
+		cur += l
+		if reqOne {
+			break
+		}
+	}
+	return runs, nil
+}
+
+// bitmapRuns walks [off, off+n) of a dirty bitmap as statusRuns walks
+// the device: flags are stateDirty or 0.
+func bitmapRuns(b *ExportBitmap, off, n int64, reqOne bool) ([]statusRun, error) {
+	var runs []statusRun
+	cur, end := off, off+n
+	for cur < end && len(runs) < maxStatusExtents {
+		rest := end - cur
+		l, dirty, err := b.Extent(cur, rest)
+		if err != nil {
+			if len(runs) == 0 {
+				return nil, err
+			}
+			break
+		}
+		r := statusRun{}
+		if l <= 0 || l > rest {
+			l, dirty = rest, dirty || l <= 0
+		}
+		if dirty {
+			r.flags = stateDirty
 		}
 		r.n = uint32(l)
 		runs = append(runs, r)

@@ -729,3 +729,49 @@ func (img *Image) markAllBitmapsLocked() error {
 	img.markBitmaps(0, img.size)
 	return nil
 }
+
+// BitmapExtent describes the run of equal dirtiness of bitmap name that
+// starts at off, at most n bytes long (and not past the disk's end), for
+// exporting it (qemu-nbd -B). The bits are those writes set so far: the
+// first call loads them and keeps them.
+func (img *Image) BitmapExtent(name string, off, n int64) (length int64, dirty bool, err error) {
+	img.bm.mu.Lock()
+	defer img.bm.mu.Unlock()
+	b := img.findBitmap(name)
+	if b == nil {
+		return 0, false, &BitmapError{ErrBitmapNotFound, name}
+	}
+	if b.bits == nil {
+		if need := (bitCount(img.size, b.Granularity) + 7) / 8; need > maxTrackedBitmapBytes {
+			return 0, false, fmt.Errorf("qcow2: bitmap %q needs %d bytes of memory, more than %d", name, need, maxTrackedBitmapBytes)
+		}
+		if b.bits, err = img.readBits(b); err != nil {
+			return 0, false, err
+		}
+	}
+	end := min(off+n, img.size)
+	if off < 0 || off >= end {
+		return 0, false, block.ErrOutOfRange
+	}
+	g, bm := b.Granularity, b.bits
+	bit := func(i int64) bool { return bm[i/8]&(1<<(i%8)) != 0 }
+	i := off / g
+	dirty = bit(i)
+	var whole byte
+	if dirty {
+		whole = 0xff
+	}
+	last := (end - 1) / g
+	j := i + 1
+	for j <= last {
+		if j%8 == 0 && j+7 <= last && bm[j/8] == whole {
+			j += 8 // a whole byte alike
+			continue
+		}
+		if bit(j) != dirty {
+			break
+		}
+		j++
+	}
+	return min(j*g, end) - off, dirty, nil
+}

@@ -245,3 +245,69 @@ func TestBitmapCheckLikeQemu(t *testing.T) {
 		sameResult(t, strings.Join(args, " "), qemuImg(t, qdir, args...), ovisImg(t, odir, args...))
 	}
 }
+
+// TestNBDDirtyBitmapLikeQemu exports bitmaps with ovis nbd -B and
+// qemu-nbd -B, read-only and writable, and requires nbdinfo to read the
+// same qemu:dirty-bitmap contexts from both, including after a write
+// through the writable export (which an enabled bitmap records at once),
+// and qemu-nbd's refusals of a missing or inconsistent bitmap.
+func TestNBDDirtyBitmapLikeQemu(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, s := range []step{
+		run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "64M"),
+		run("qemu-img", "bitmap", "--add", "i.qcow2", "b0"),
+		run("qemu-img", "bitmap", "--add", "-g", "4k", "--disable", "i.qcow2", "b1"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 1 1M 100k", "i.qcow2"),
+		run("qemu-img", "bitmap", "--enable", "i.qcow2", "b1"),
+		run("qemu-io", "-f", "qcow2", "-c", "write -P 2 5M 10k", "-c", "write -P 3 40M 8M", "i.qcow2"),
+		run("cp", "i.qcow2", "q.qcow2"),
+		run("cp", "i.qcow2", "o.qcow2"),
+	} {
+		s(t, dir)
+	}
+	maps := func(uri string) string {
+		var out string
+		for _, b := range []string{"b0", "b1"} {
+			out += b + ":\n" + runTool(t, "nbdinfo", "--map=qemu:dirty-bitmap:"+b, uri)
+		}
+		return out
+	}
+	for _, args := range [][]string{{"-r"}, {"-e", "2"}} {
+		var got [2]string
+		for i, bin := range []string{"qemu-nbd", ovisBin} {
+			img := map[int]string{0: "q.qcow2", 1: "o.qcow2"}[i]
+			uri, stop := serveURI(t, dir, bin, append(args, "-f", "qcow2", "-B", "b0", "-B", "b1", img)...)
+			got[i] = maps(uri)
+			if args[0] != "-r" {
+				qemuIONBD(t, uri, "write -P 4 20M 70k")
+				got[i] += maps(uri)
+			}
+			stop()
+		}
+		if got[0] != got[1] {
+			t.Errorf("%v: maps differ\nqemu-nbd:\n%s\novis:\n%s", args, got[0], got[1])
+		}
+		if !strings.Contains(got[1], "dirty") {
+			t.Errorf("%v: no dirty range in\n%s", args, got[1])
+		}
+		if args[0] != "-r" && !strings.Contains(got[1], "20971520") {
+			t.Errorf("%v: the write at 20 MiB is not in\n%s", args, got[1])
+		}
+	}
+	testutil.CheckImage(t, filepath.Join(dir, "o.qcow2"))
+
+	// A missing bitmap, and one a crashed writer left in-use.
+	run("cp", "i.qcow2", "bad.qcow2")(t, dir)
+	setBitmapInUse(t, filepath.Join(dir, "bad.qcow2"), 0)
+	strip := regexp.MustCompile(`(?m)^(qemu-nbd|ovis): `)
+	for _, a := range [][]string{{"-B", "nosuch", "i.qcow2"}, {"-B", "b0", "bad.qcow2"}, {"-B", "b0", "-f", "raw", "i.qcow2"}} {
+		a[len(a)-1] = filepath.Join(dir, a[len(a)-1])
+		args := append([]string{"-r", "-k", filepath.Join(shortTempDir(t), "s.sock")}, a...)
+		q := runBounded(t, "qemu-nbd", args...)
+		o := runBounded(t, ovisBin, append([]string{"nbd"}, args...)...)
+		if q.code != 1 || o.code != 1 || strip.ReplaceAllString(q.stderr, "") != strip.ReplaceAllString(o.stderr, "") {
+			t.Errorf("%v: qemu-nbd exits %d (%q), ovis %d (%q)", a, q.code, q.stderr, o.code, o.stderr)
+		}
+	}
+}

@@ -130,6 +130,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVarP(&cfg.Format, "format", "f", "", "image format: qcow2 or raw (default: probe)")
 	f.BoolVarP(&cfg.ReadOnly, "read-only", "r", false, "export read-only")
 	f.BoolVarP(&cfg.Snapshot, "snapshot", "s", false, "send writes to a temporary qcow2 overlay, deleted on exit; FILE is not changed")
+	f.StringArrayVarP(&cfg.Bitmaps, "bitmap", "B", nil, "offer persistent dirty bitmap NAME as the metadata context qemu:dirty-bitmap:NAME (repeatable)")
 	f.StringVarP(&cfg.LoadSnapshot, "load-snapshot", "l", "", "export an internal snapshot of FILE, read-only: snapshot.id=ID,snapshot.name=NAME or ID_OR_NAME")
 	f.BoolVarP(&noCache, "nocache", "n", false, "disable host cache (--cache=none)")
 	f.StringVar(&cache, "cache", block.CacheWriteback.String(), "cache mode: writeback, writethrough, none, directsync or unsafe")

@@ -160,6 +160,9 @@ type Config struct {
 	// active layer, read-only whatever ReadOnly says (-l):
 	// "snapshot.id=ID,snapshot.name=NAME" or one ID or name.
 	LoadSnapshot string
+	// Bitmaps are persistent dirty bitmaps of File to offer as the
+	// metadata contexts qemu:dirty-bitmap:NAME (-B).
+	Bitmaps []string
 
 	// Cache is QEMU's cache mode (--cache, -n): host page cache or
 	// O_DIRECT, and whether writes are FUA. The default is writeback.

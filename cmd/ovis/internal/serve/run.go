@@ -8,6 +8,7 @@ import (
 	"runtime"
 
 	"github.com/ovis-storage/ovis/nbd"
+	"github.com/ovis-storage/ovis/qcow2"
 )
 
 // Run serves the image c names over NBD until ctx ends (the caller ties
@@ -86,6 +87,12 @@ func Run(ctx context.Context, c Config) error {
 		connState = m.connState(connState)
 	}
 
+	bitmaps, err := exportBitmaps(img, c.Bitmaps)
+	if err != nil {
+		g.Close()
+		closeDev()
+		return err
+	}
 	maxConns := nbd.DefaultMaxConnections
 	if c.Shared > maxConns {
 		maxConns = c.Shared
@@ -97,6 +104,7 @@ func Run(ctx context.Context, c Config) error {
 			Device:      dev,
 			ReadOnly:    c.ReadOnly || c.LoadSnapshot != "",
 			MultiConn:   c.multiConn(),
+			Bitmaps:     bitmaps,
 		}},
 		TLS:            tlsCfg,
 		ClientCAs:      clientCAs,
@@ -178,4 +186,32 @@ func Run(ctx context.Context, c Config) error {
 		log.Info("stopped", "file", c.File)
 	}
 	return errors.Join(serveErr, devErr)
+}
+
+// exportBitmaps makes the -B bitmaps of img exportable, with qemu-nbd's
+// messages for one that is missing or inconsistent. QEMU lists them in
+// the reverse of their order on the command line, and so does ovis.
+func exportBitmaps(img *qcow2.Image, names []string) ([]nbd.ExportBitmap, error) {
+	var out []nbd.ExportBitmap
+	for i := len(names) - 1; i >= 0; i-- {
+		name := names[i]
+		var found *qcow2.Bitmap
+		if img != nil {
+			for _, b := range img.Bitmaps() {
+				if b.Name == name {
+					found = &b
+				}
+			}
+		}
+		switch {
+		case found == nil:
+			return nil, fmt.Errorf("Bitmap '%s' is not found", name)
+		case found.InUse:
+			return nil, fmt.Errorf("Bitmap '%s' is inconsistent and cannot be used", name)
+		}
+		out = append(out, nbd.ExportBitmap{Name: name, Extent: func(off, n int64) (int64, bool, error) {
+			return img.BitmapExtent(name, off, n)
+		}})
+	}
+	return out, nil
 }
