@@ -255,6 +255,9 @@ func (img *Image) readBits(b *bitmap) ([]byte, error) {
 		return nil, &BitmapError{ErrBitmapInUse, b.Name}
 	}
 	n := (bitCount(img.size, b.Granularity) + 7) / 8
+	if n > maxTrackedBitmapBytes {
+		return nil, fmt.Errorf("qcow2: bitmap %q needs %d bytes of memory, more than %d", b.Name, n, maxTrackedBitmapBytes)
+	}
 	out := make([]byte, n)
 	t, err := img.readBitmapTable(b)
 	if err != nil {
@@ -742,9 +745,6 @@ func (img *Image) BitmapExtent(name string, off, n int64) (length int64, dirty b
 		return 0, false, &BitmapError{ErrBitmapNotFound, name}
 	}
 	if b.bits == nil {
-		if need := (bitCount(img.size, b.Granularity) + 7) / 8; need > maxTrackedBitmapBytes {
-			return 0, false, fmt.Errorf("qcow2: bitmap %q needs %d bytes of memory, more than %d", name, need, maxTrackedBitmapBytes)
-		}
 		if b.bits, err = img.readBits(b); err != nil {
 			return 0, false, err
 		}

@@ -67,6 +67,16 @@ func FuzzImage(f *testing.F) {
 			}
 			off += m.Length
 		}
+		for _, b := range img.Bitmaps() {
+			img.BitmapBits(b.Name)
+			for off, i := int64(0), 0; off < size && i < 64; i++ {
+				n, _, err := img.BitmapExtent(b.Name, off, size-off)
+				if err != nil || n <= 0 {
+					break
+				}
+				off += n
+			}
+		}
 		img.Check(RepairNone)
 	})
 }
@@ -93,6 +103,12 @@ func fuzzImageSeeds(f *testing.F) [][]byte {
 			f.Fatalf("qemu-io: %v %s", err, out)
 		}
 		exec.Command("qemu-img", "snapshot", "-c", "s", p).Run()
+		if i == 1 {
+			// Bitmaps: one enabled that recorded a write, one disabled.
+			exec.Command("qemu-img", "bitmap", "--add", "-g", "4k", p, "b0").Run()
+			exec.Command("qemu-img", "bitmap", "--add", "--disable", p, "b1").Run()
+			exec.Command("qemu-io", "-c", "write -P 5 32k 8k", p).Run()
+		}
 		b, err := os.ReadFile(p)
 		if err != nil {
 			f.Fatal(err)
