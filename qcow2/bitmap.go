@@ -437,20 +437,13 @@ func (img *Image) storeBitmapsLocked(list []*bitmap) error {
 			}
 			binary.BigEndian.PutUint64(table[i*8:], off)
 		}
-		if b.tableOff != 0 {
-			// The old table and its clusters go once the new directory
-			// is in place.
-			t, err := img.readBitmapTable(b)
-			if err != nil {
-				return err
-			}
-			for _, e := range t {
-				if off := e & l2OffsetMask; off != 0 {
-					frees = append(frees, [2]uint64{off, uint64(img.clusterSize)})
-				}
-			}
-			frees = append(frees, [2]uint64{b.tableOff, uint64(b.tableSize) * 8})
+		// The old table and its clusters go once the new directory is in
+		// place.
+		oldFrees, err := img.bitmapClusters(b)
+		if err != nil {
+			return err
 		}
+		frees = append(frees, oldFrees...)
 		off, err := img.writeNewLocked("bitmap table", table)
 		if err != nil {
 			return err
@@ -462,16 +455,11 @@ func (img *Image) storeBitmapsLocked(list []*bitmap) error {
 		if img.keeps(list, b) {
 			continue
 		}
-		t, err := img.readBitmapTable(b)
+		oldFrees, err := img.bitmapClusters(b)
 		if err != nil {
 			return err
 		}
-		for _, e := range t {
-			if off := e & l2OffsetMask; off != 0 {
-				frees = append(frees, [2]uint64{off, uint64(img.clusterSize)})
-			}
-		}
-		frees = append(frees, [2]uint64{b.tableOff, uint64(b.tableSize) * 8})
+		frees = append(frees, oldFrees...)
 	}
 	var dirOff uint64
 	dir := img.encodeBitmapDirectory(list)
@@ -500,6 +488,33 @@ func (img *Image) storeBitmapsLocked(list []*bitmap) error {
 		img.freeRangeLocked(f[0], int64(f[1]))
 	}
 	return img.flushExclusiveLocked()
+}
+
+// bitmapClusters lists what bitmap b's table holds a reference to: its
+// data clusters and the table itself, as (offset, length) pairs. Entries
+// that are misaligned or point past the end of the file (a damaged table)
+// are left out: freeing them could free someone else's cluster, while
+// leaving them out only leaks.
+func (img *Image) bitmapClusters(b *bitmap) ([][2]uint64, error) {
+	if b.tableOff == 0 {
+		return nil, nil
+	}
+	t, err := img.readBitmapTable(b)
+	if err != nil {
+		return nil, err
+	}
+	fileSize, err := img.file.Size()
+	if err != nil {
+		return nil, err
+	}
+	var out [][2]uint64
+	for _, e := range t {
+		off := e & l2OffsetMask
+		if off != 0 && off%uint64(img.clusterSize) == 0 && off+uint64(img.clusterSize) <= uint64(fileSize) {
+			out = append(out, [2]uint64{off, uint64(img.clusterSize)})
+		}
+	}
+	return append(out, [2]uint64{b.tableOff, uint64(b.tableSize) * 8}), nil
 }
 
 // keeps reports whether list still holds b with the same table.
