@@ -297,6 +297,31 @@ func TestNBDDirtyBitmapLikeQemu(t *testing.T) {
 	}
 	testutil.CheckImage(t, filepath.Join(dir, "o.qcow2"))
 
+	// Bitmaps are found down the backing chain: under -s's overlay, and
+	// in the backing file of a larger overlay (clean past its end).
+	run("qemu-img", "create", "-q", "-f", "qcow2", "-b", "i.qcow2", "-F", "qcow2", "top.qcow2", "96M")(t, dir)
+	for _, c := range []struct{ args []string }{
+		{[]string{"-s", "i.qcow2"}},
+		{[]string{"-r", "top.qcow2"}},
+	} {
+		var got [2]string
+		for i, bin := range []string{"qemu-nbd", ovisBin} {
+			uri, stop := serveURI(t, dir, bin, append([]string{"-f", "qcow2", "-B", "b0", "-B", "b1"}, c.args...)...)
+			got[i] = maps(uri)
+			if c.args[0] == "-s" {
+				qemuIONBD(t, uri, "write -P 4 20M 70k")
+				got[i] += maps(uri)
+			}
+			stop()
+		}
+		if got[0] != got[1] {
+			t.Errorf("%v: maps differ\nqemu-nbd:\n%s\novis:\n%s", c.args, got[0], got[1])
+		}
+		if !strings.Contains(got[1], "dirty") || strings.Contains(got[1], "20971520") {
+			t.Errorf("%v: want the base's dirty ranges and not the overlay's write in\n%s", c.args, got[1])
+		}
+	}
+
 	// A missing bitmap, and one a crashed writer left in-use.
 	run("cp", "i.qcow2", "bad.qcow2")(t, dir)
 	setBitmapInUse(t, filepath.Join(dir, "bad.qcow2"), 0)

@@ -189,20 +189,15 @@ func Run(ctx context.Context, c Config) error {
 }
 
 // exportBitmaps makes the -B bitmaps of img exportable, with qemu-nbd's
-// messages for one that is missing or inconsistent. QEMU lists them in
-// the reverse of their order on the command line, and so does ovis.
+// messages for one that is missing or inconsistent. As in QEMU, a name is
+// looked up down the backing chain (so -s exports the bitmaps of the image
+// under its overlay), the first image that has it wins, and the bitmaps
+// are listed in the reverse of their order on the command line.
 func exportBitmaps(img *qcow2.Image, names []string) ([]nbd.ExportBitmap, error) {
 	var out []nbd.ExportBitmap
 	for i := len(names) - 1; i >= 0; i-- {
 		name := names[i]
-		var found *qcow2.Bitmap
-		if img != nil {
-			for _, b := range img.Bitmaps() {
-				if b.Name == name {
-					found = &b
-				}
-			}
-		}
+		owner, found := findBitmap(img, name)
 		switch {
 		case found == nil:
 			return nil, fmt.Errorf("Bitmap '%s' is not found", name)
@@ -210,8 +205,27 @@ func exportBitmaps(img *qcow2.Image, names []string) ([]nbd.ExportBitmap, error)
 			return nil, fmt.Errorf("Bitmap '%s' is inconsistent and cannot be used", name)
 		}
 		out = append(out, nbd.ExportBitmap{Name: name, Extent: func(off, n int64) (int64, bool, error) {
-			return img.BitmapExtent(name, off, n)
+			// A backing image may be shorter than the export; past
+			// its end the bitmap reads clean, as QEMU's does.
+			if size := owner.Size(); off >= size {
+				return n, false, nil
+			}
+			return owner.BitmapExtent(name, off, n)
 		}})
 	}
 	return out, nil
+}
+
+// findBitmap returns the first image down img's backing chain that holds
+// a bitmap called name, and that bitmap.
+func findBitmap(img *qcow2.Image, name string) (*qcow2.Image, *qcow2.Bitmap) {
+	for img != nil {
+		for _, b := range img.Bitmaps() {
+			if b.Name == name {
+				return img, &b
+			}
+		}
+		img, _ = img.Backing().(*qcow2.Image)
+	}
+	return nil, nil
 }
