@@ -1,5 +1,10 @@
 package qcow2
 
+import (
+	"context"
+	"fmt"
+)
+
 // WriteZeroes makes [off, off+n) read as zeros. Whole (sub)clusters get
 // the zero flag (and with mayUnmap lose their host cluster); the partial
 // edges are written with zeros.
@@ -162,4 +167,60 @@ func (img *Image) Discard(off, n int64) error {
 		}
 	}
 	return img.endWrite(last > first, false)
+}
+
+// MakeEmpty drops every cluster of the image's active layer, so that it
+// reads from its backing file again (or as zeros without one): QEMU's
+// qcow2_make_empty where it cannot rebuild the file, a full discard of
+// every cluster. It works with internal snapshots (they keep their
+// clusters; only this layer's references go), bitmaps, external data
+// files and v2 images. L2 tables stay allocated, empty. Bitmaps are not
+// marked: once the data is committed below, what the image reads has not
+// changed. It stops once ctx is done, leaving the image partly emptied
+// (still consistent).
+func (img *Image) MakeEmpty(ctx context.Context) error {
+	img.gate.RLock()
+	defer img.gate.RUnlock()
+	if err := img.beginWrite(0, 0); err != nil {
+		return err
+	}
+	clusters := (img.size + img.clusterSize - 1) >> img.clusterBits
+	for c, done := int64(0), int64(0); c < clusters; {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var skip int64
+		claimed, err := img.claim(c, func() (bool, error) {
+			_, idx, l2off := img.l2SlotLocked(c)
+			if l2off == 0 {
+				skip = img.l2Entries - idx
+				return true, nil
+			}
+			skip = 1
+			m, err := img.lookupLocked(c)
+			return m == (mapping{}), err
+		})
+		if err == nil && claimed {
+			err = img.withMetadata(func() error {
+				m, err := img.lookupLocked(c)
+				if err != nil || m == (mapping{}) {
+					return err
+				}
+				return img.setEntryLocked(c, mapping{}, true)
+			})
+			img.release(c)
+		}
+		if err != nil {
+			return fmt.Errorf("qcow2: emptying guest cluster %d: %w", c, err)
+		}
+		c += skip
+		// Keep the clusters waiting to be freed bounded.
+		if done += skip; done >= img.l2Entries {
+			done = 0
+			if err := img.flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return img.flush()
 }

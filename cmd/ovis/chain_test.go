@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -66,17 +67,55 @@ func TestCommitMatchesQemu(t *testing.T) {
 			})
 		}
 	}
-	for _, opts := range []string{"cluster_size=4k", "extended_l2=on", "compat=0.10,cluster_size=128k", "lazy_refcounts=on,refcount_bits=2"} {
-		t.Run("top "+opts, func(t *testing.T) {
+	// Tops that cannot be rebuilt afresh (v2, snapshots, bitmaps, a data
+	// file) are emptied in place, cluster by cluster, as QEMU does.
+	for _, tt := range []struct {
+		opts  string
+		extra []string // a qemu-img command run first
+	}{
+		{"cluster_size=4k", nil},
+		{"extended_l2=on", nil},
+		{"compat=0.10,cluster_size=128k", nil},
+		{"lazy_refcounts=on,refcount_bits=2", nil},
+		{"", []string{"snapshot", "-c", "s1", "top.qcow2"}},
+		{"extended_l2=on", []string{"snapshot", "-c", "s1", "top.qcow2"}},
+		{"", []string{"bitmap", "--add", "top.qcow2", "b0"}},
+		{"data_file=top.data", nil},
+	} {
+		name := "top " + tt.opts + " " + strings.Join(tt.extra, " ")
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			qdir, odir := twinDirs(t, threeDeep("qcow2", opts))
-			args := []string{"commit", "top.qcow2"}
-			if strings.Contains(opts, "compat=0.10") {
-				// A version 2 top cannot be emptied by ovis yet.
-				args = []string{"commit", "-d", "top.qcow2"}
-			}
-			bothRun(t, qdir, odir, args)
+			qdir, odir := twinDirs(t, func(t *testing.T, dir string) {
+				threeDeep("qcow2", tt.opts)(t, dir)
+				if tt.extra != nil {
+					run("qemu-img", tt.extra...)(t, dir)
+					// Data written after the snapshot or bitmap too.
+					run("qemu-io", "-f", "qcow2", "-c", "write -P 9 6M 1M", "top.qcow2")(t, dir)
+				}
+			})
+			bothRun(t, qdir, odir, []string{"commit", "top.qcow2"})
 			sameImages(t, qdir, odir, append(chainFiles, "base.qcow2")...)
+			m := []string{"map", "--output=json", "-U", "top.qcow2"}
+			q, o := qemuImg(t, qdir, m...), qemuImg(t, odir, m...)
+			if q, o := ownRuns(q.stdout), ownRuns(o.stdout); q != o || o != "" {
+				t.Errorf("top.qcow2 is not emptied alike\nqemu-img's own runs: %s\n    ovis's: %s", q, o)
+			}
+			if c := qemuImg(t, odir, "check", "top.qcow2"); c.code != 0 {
+				t.Errorf("qemu-img check after ovis's commit: exit %d\n%s", c.code, c.stdout)
+			}
+			if tt.extra != nil && tt.extra[0] == "snapshot" {
+				// The snapshot still reads as it did.
+				raws := [2]string{}
+				for i, d := range []string{qdir, odir} {
+					raws[i] = filepath.Join(d, "s1.raw")
+					if r := qemuImg(t, d, "convert", "-U", "-l", "s1", "-O", "raw", "top.qcow2", raws[i]); r.code != 0 {
+						t.Fatalf("qemu-img convert -l s1: %s", r.stderr)
+					}
+				}
+				if r := qemuImg(t, "", "compare", "-f", "raw", "-F", "raw", raws[0], raws[1]); r.code != 0 {
+					t.Errorf("snapshot s1 reads differently: %s", r.stdout)
+				}
+			}
 		})
 	}
 }

@@ -66,11 +66,11 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	err = commit(ctx, dev, cfg, prog, newRateLimiter(rate))
+	emptied, err := commit(ctx, dev, cfg, prog, newRateLimiter(rate))
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	if err == nil && !cfg.Drop {
+	if err == nil && !cfg.Drop && !emptied {
 		if err = makeEmpty(cfg.Filename); err != nil {
 			err = fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
 		}
@@ -85,48 +85,50 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	return nil
 }
 
-func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) error {
+// commit commits dev into its base and, unless cfg.Drop, empties dev when
+// it cannot be rebuilt afresh (emptied: then the caller need not).
+func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) (emptied bool, err error) {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
 		if base = findBacking(chain, cfg.Base); base < 0 {
-			return fmt.Errorf("Did not find '%s' in the backing chain of '%s'", cfg.Base, cfg.Filename)
+			return false, fmt.Errorf("Did not find '%s' in the backing chain of '%s'", cfg.Base, cfg.Filename)
 		}
 	} else if len(chain) < 2 {
-		return errors.New("Image does not have a backing file")
+		return false, errors.New("Image does not have a backing file")
 	}
 	img := dev.(*qcow2.Image) // only qcow2 images have backing files
-	if !cfg.Drop {
-		// Check now that the image can be emptied afterwards.
-		f, err := os.Open(cfg.Filename)
-		if err != nil {
-			return err
-		}
-		h, err := readHeader(f)
-		f.Close()
-		if err != nil {
-			return err
-		}
-		if !canMakeEmpty(h) {
-			return fmt.Errorf("emptying an image with internal snapshots, bitmaps or an external data file, "+
-				"or of version 2, is not supported; commit with -d: %w", errors.ErrUnsupported)
-		}
-	}
 	if _, raw := chain[base].dev.(*block.Raw); raw && chain[base].dev.Size() < img.Size() {
 		// A raw base grows as QEMU's file driver grows it: by truncation.
 		if err := os.Truncate(chain[base].path, img.Size()); err != nil {
-			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
+			return false, fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 	}
 	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, trust(chain[base].path, qcow2.Options{}))
 	if err != nil {
-		return fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
+		return false, fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
 	}
 	err = commitInto(ctx, img, target, base, prog, rate)
+	if err == nil {
+		// The data must be durable below before the image lets go of it.
+		err = target.Flush()
+	}
 	if cerr := target.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
-	return err
+	if err != nil || cfg.Drop {
+		return false, err
+	}
+	// Snapshots, bitmaps, a data file or v2 keep the file from being
+	// rebuilt afresh; then every cluster is dropped in place, as QEMU's
+	// fallback does.
+	if h := img.Header(); !canMakeEmpty(&h) {
+		if err := img.MakeEmpty(ctx); err != nil {
+			return false, fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 // commitInto copies the ranges of top decided above chain layer base into
