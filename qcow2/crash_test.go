@@ -1,12 +1,14 @@
 package qcow2
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -114,20 +116,24 @@ type apiWrite struct {
 type checkpoint struct {
 	syncs   int    // file syncs done when the API call returned
 	durable []byte // bytes guaranteed from then on
-	durSeq  []int  // per byte, the seq of the durable value
+	// flushSeq: every write up to it is durable; fuaSeqs: the FUA
+	// writes after it that are too. Together they say which write a
+	// durable byte came from, worked out only for bytes that differ (a
+	// per-byte table per checkpoint took gigabytes under -race).
+	flushSeq int
+	fuaSeqs  []int
 }
 
 type crashModel struct {
 	cur    []byte
-	curSeq []int
 	writes []apiWrite
 	cps    []checkpoint
 	seq    int
 }
 
 func newCrashModel(size int64) *crashModel {
-	m := &crashModel{cur: make([]byte, size), curSeq: make([]int, size)}
-	m.cps = append(m.cps, checkpoint{durable: make([]byte, size), durSeq: make([]int, size)})
+	m := &crashModel{cur: make([]byte, size)}
+	m.cps = append(m.cps, checkpoint{durable: make([]byte, size)})
 	return m
 }
 
@@ -135,33 +141,33 @@ func (m *crashModel) write(off int64, data []byte, discard bool) {
 	m.seq++
 	w := apiWrite{seq: m.seq, off: off, data: data, discard: discard}
 	m.writes = append(m.writes, w)
-	for i := range int64(len(data)) {
-		if !discard {
-			m.cur[off+i] = data[i]
-			m.curSeq[off+i] = m.seq
-		}
+	if !discard {
+		copy(m.cur[off:], data)
 	}
 }
 
 // flushed records that everything written so far is durable.
 func (m *crashModel) flushed(syncs int) {
-	m.cps = append(m.cps, checkpoint{syncs: syncs, durable: append([]byte(nil), m.cur...), durSeq: append([]int(nil), m.curSeq...)})
+	m.cps = append(m.cps, checkpoint{syncs: syncs, durable: append([]byte(nil), m.cur...), flushSeq: m.seq})
 }
 
 // fuaDone records that the last write's range is durable.
 func (m *crashModel) fuaDone(syncs int) {
 	last := m.cps[len(m.cps)-1]
-	cp := checkpoint{syncs: syncs, durable: append([]byte(nil), last.durable...), durSeq: append([]int(nil), last.durSeq...)}
 	w := m.writes[len(m.writes)-1]
-	copy(cp.durable[w.off:], m.cur[w.off:w.off+int64(len(w.data))])
-	for i := range int64(len(w.data)) {
-		cp.durSeq[w.off+i] = w.seq
+	cp := checkpoint{
+		syncs:    syncs,
+		durable:  append([]byte(nil), last.durable...),
+		flushSeq: last.flushSeq,
+		fuaSeqs:  append(slices.Clone(last.fuaSeqs), w.seq),
 	}
+	copy(cp.durable[w.off:], m.cur[w.off:w.off+int64(len(w.data))])
 	m.cps = append(m.cps, cp)
 }
 
 // verify checks a crash state's contents against the checkpoint that held
-// when `syncs` file syncs had completed.
+// when `syncs` file syncs had completed: each byte holds its durable
+// value, or that of a later write (or zero, for a later discard).
 func (m *crashModel) verify(got []byte, syncs int) error {
 	cp := m.cps[0]
 	for _, c := range m.cps {
@@ -169,36 +175,61 @@ func (m *crashModel) verify(got []byte, syncs int) error {
 			cp = c
 		}
 	}
-	for i, v := range got {
-		if v == cp.durable[i] {
+	// A block at a time, and byte by byte only in blocks that differ
+	// from the durable bytes: byte loops are slow under -race.
+	const block = 4096
+	for lo := int64(0); lo < int64(len(got)); lo += block {
+		hi := min(lo+block, int64(len(got)))
+		if bytes.Equal(got[lo:hi], cp.durable[lo:hi]) {
 			continue
 		}
-		ok := false
-		for _, w := range m.writes {
-			if w.seq <= cp.durSeq[i] || int64(i) < w.off || int64(i) >= w.off+int64(len(w.data)) {
+		if err := m.verifyBlock(cp, got, lo, hi); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyBlock is verify for got[lo:hi], byte by byte.
+func (m *crashModel) verifyBlock(cp checkpoint, got []byte, lo, hi int64) error {
+	overlap := func(w *apiWrite) (int64, int64) {
+		return max(lo, w.off), min(hi, w.off+int64(len(w.data)))
+	}
+	// durSeq: the write each byte's durable value came from (0: none).
+	durSeq := make([]int, hi-lo)
+	for wi := range m.writes {
+		w := &m.writes[wi]
+		if w.discard || (w.seq > cp.flushSeq && !slices.Contains(cp.fuaSeqs, w.seq)) {
+			continue
+		}
+		a, b := overlap(w)
+		for k := a; k < b; k++ {
+			durSeq[k-lo] = max(durSeq[k-lo], w.seq)
+		}
+	}
+	ok := make([]bool, hi-lo)
+	for k := lo; k < hi; k++ {
+		ok[k-lo] = got[k] == cp.durable[k]
+	}
+	// A later write may have landed: its byte, or zero for a discard
+	// (which reads as zeros or as before).
+	for wi := range m.writes {
+		w := &m.writes[wi]
+		a, b := overlap(w)
+		for k := a; k < b; k++ {
+			if ok[k-lo] || w.seq <= durSeq[k-lo] {
 				continue
 			}
 			if w.discard {
-				// A discard reads as zeros, or as before: any value an
-				// earlier write could have left.
-				if v == 0 {
-					ok = true
-					break
-				}
-				continue
-			}
-			if w.data[int64(i)-w.off] == v {
-				ok = true
-				break
+				ok[k-lo] = got[k] == 0
+			} else {
+				ok[k-lo] = w.data[k-w.off] == got[k]
 			}
 		}
-		if !ok && cp.durSeq[i] > 0 {
-			// Older writes to the byte may show through only if a
-			// discard after the checkpoint exposed... they cannot: the
-			// durable value wins.
-		}
-		if !ok {
-			return fmt.Errorf("byte %#x is %#x; durable value %#x (after %d syncs)", i, v, cp.durable[i], cp.syncs)
+	}
+	for k := lo; k < hi; k++ {
+		if !ok[k-lo] {
+			return fmt.Errorf("byte %#x is %#x; durable value %#x (after %d syncs)", k, got[k], cp.durable[k], cp.syncs)
 		}
 	}
 	return nil
@@ -368,6 +399,9 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 		}
 	}
 	checked, qemuChecked := 0, 0
+	// Buffers reused from state to state: under -race every large
+	// allocation costs time in proportion to its size.
+	var state, got []byte
 	for s := 0; checked < states; s++ {
 		// Pick a sync point k (0 = before any sync) and the writes after
 		// it up to the next sync.
@@ -380,7 +414,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 		if k < len(syncAt) {
 			end = syncAt[k]
 		}
-		state := append([]byte(nil), base...)
+		state = append(state[:0], base...)
 		apply := func(o fileOp) {
 			if e := o.off + int64(len(o.data)); e > int64(len(state)) {
 				state = append(state, make([]byte, e-int64(len(state)))...)
@@ -403,7 +437,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 			apply(o)
 		}
 		useQemu := qemuChecked < *crashQemu && rng.Intn(max(states / *crashQemu, 1)) == 0
-		if err := checkCrashState(t, dir, state, m, k, useQemu); err != nil {
+		if err := checkCrashState(t, dir, state, &got, m, k, useQemu); err != nil {
 			return fmt.Errorf("%s: state %d (sync point %d of %d, %d of %d later writes applied): %v\nseed %d",
 				wl.name, s, k, len(syncAt), len(pending), end-start, err, seed)
 		}
@@ -416,7 +450,9 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 	return nil
 }
 
-func checkCrashState(t *testing.T, dir string, state []byte, m *crashModel, syncs int, useQemu bool) error {
+// checkCrashState checks one crash state, reading the image into *got
+// (grown as needed).
+func checkCrashState(t *testing.T, dir string, state []byte, got *[]byte, m *crashModel, syncs int, useQemu bool) error {
 	p := filepath.Join(dir, "crash.qcow2")
 	if err := os.WriteFile(p, state, 0o644); err != nil {
 		return err
@@ -433,11 +469,14 @@ func checkCrashState(t *testing.T, dir string, state []byte, m *crashModel, sync
 	if res.CheckErrors > 0 || !onlyBenign(res.Messages) {
 		return fmt.Errorf("ovis check: %d corruptions, %d errors: %s", res.Corruptions, res.CheckErrors, strings.Join(res.Messages[:min(5, len(res.Messages))], "; "))
 	}
-	got := make([]byte, img.Size())
-	if _, err := img.ReadAt(got, 0); err != nil {
+	if int64(cap(*got)) < img.Size() {
+		*got = make([]byte, img.Size())
+	}
+	buf := (*got)[:img.Size()]
+	if _, err := img.ReadAt(buf, 0); err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
-	if err := m.verify(got, syncs); err != nil {
+	if err := m.verify(buf, syncs); err != nil {
 		return err
 	}
 	if useQemu {

@@ -29,6 +29,11 @@ func TestMain(m *testing.M) {
 	var flags []string
 	if raceEnabled {
 		flags = append(flags, "-race")
+		// The race runtime sleeps a second before every exit
+		// (atexit_sleep_ms) for late reports; the tests run the binary
+		// thousands of times. Races it finds still fail: exit code 66
+		// and a report on stderr.
+		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
 	ovisBin, err = testutil.BuildBinary("github.com/ovis-storage/ovis/cmd/ovis", dir, flags...)
 	if err != nil {
