@@ -4,13 +4,14 @@ import (
 	"errors"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 )
 
 // addImageOpts adds qemu-img's --image-opts to a verb.
-func addImageOpts(cmd *cobra.Command, on *bool) {
-	cmd.Flags().BoolVar(on, "image-opts", false, "treat the image argument as an option list: driver=qcow2,file.filename=FILE,l2-cache-size=...")
+func addImageOpts(f *pflag.FlagSet, on *bool) {
+	f.BoolVar(on, "image-opts", false, "treat the image argument as an option list: driver=qcow2,file.filename=FILE,l2-cache-size=...")
 }
 
 // imageArg resolves an image argument under --image-opts: it returns the

@@ -54,6 +54,13 @@ func TestImageOptsLikeQemuImg(t *testing.T) {
 		{"check", "-T", "foo", "top.qcow2"},
 		{"compare", "-T", "none", "top.qcow2", "base.qcow2"},
 		{"compare", "-T", "foo", "top.qcow2", "base.qcow2"},
+		// Writing verbs refuse force-share; resize parses its own
+		// arguments (a size may start with -). Last: it grows the image.
+		{"commit", "--image-opts", q(",force-share=on")},
+		{"snapshot", "-c", "s9", "--image-opts", q(",force-share=on")},
+		{"resize", "--image-opts", q(",force-share=on"), "1G"},
+		{"resize", "-f", "qcow2", "--image-opts", q(""), "1G"},
+		{"resize", "--image-opts", q(",l2-cache-size=1M"), "1G"},
 	} {
 		sameResult(t, strings.Join(args, " "), qemuImg(t, dir, args...), ovisImg(t, dir, args...))
 	}

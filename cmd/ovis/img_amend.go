@@ -42,7 +42,7 @@ func newImgAmendCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print no progress")
 	f.StringVarP(&cfg.Cache, "cache", "t", "", "cache mode (accepted): writeback, writethrough, none, directsync or unsafe")
 	f.BoolVar(&cfg.Force, "force", false, "accepted for qemu-img compatibility (it only matters for encryption)")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }
 

@@ -50,6 +50,6 @@ func newImgBenchCmd() *cobra.Command {
 	f.BoolVarP(&native, "native", "n", false, "native AIO (accepted; ovis uses its own I/O)")
 	f.StringVarP(&aio, "aio", "i", "", "AIO mode (accepted; ovis uses its own I/O)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

@@ -70,6 +70,6 @@ func newImgBitmapCmd() *cobra.Command {
 	f.StringVarP(&cfg.SourceFile, "source-file", "b", "", "image that holds merge's SOURCE (default: FILE)")
 	f.StringVarP(&cfg.SourceFormat, "source-format", "F", "", "format of -b's image")
 	f.StringVarP(&cfg.Format, "format", "f", "", "image format (default: probe)")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

@@ -44,6 +44,6 @@ func newImgCheckCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
 	f.StringVarP(&cfg.Cache, "cache", "T", "", "cache mode of the image (default writeback; none and directsync read with O_DIRECT)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

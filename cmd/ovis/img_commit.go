@@ -39,6 +39,6 @@ func newImgCommitCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "print nothing on stdout")
 	f.StringVarP(&cfg.RateLimit, "rate-limit", "r", "", "most bytes committed per second (k, M, G suffixes)")
 	f.VarP(&cache, "cache", "t", "cache mode (accepted)")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

@@ -73,6 +73,6 @@ func newImgConvertCmd() *cobra.Command {
 	f.BoolVar(&cfg.Bitmaps, "bitmaps", false, "also copy the source's persistent bitmaps")
 	f.BoolVar(&cfg.SkipBrokenBitmaps, "skip-broken-bitmaps", false, "with --bitmaps, leave out inconsistent bitmaps instead of failing")
 	f.BoolVar(&targetImageOpts, "target-image-opts", false, "treat DST as an option list (needs -n)")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

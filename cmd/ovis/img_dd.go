@@ -47,6 +47,6 @@ func newImgDDCmd() *cobra.Command {
 	f.StringVarP(&cfg.Format, "format", "f", "", "input format (default: probe)")
 	f.StringVarP(&cfg.OutFormat, "output-format", "O", "raw", "output format: qcow2 or raw")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the input even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

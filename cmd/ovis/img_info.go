@@ -35,6 +35,6 @@ func newImgInfoCmd() *cobra.Command {
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVar(&cfg.BackingChain, "backing-chain", false, "describe every image of the backing chain")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

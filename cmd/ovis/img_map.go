@@ -36,6 +36,6 @@ func newImgMapCmd() *cobra.Command {
 	f.StringVarP(&cfg.StartOffset, "start-offset", "s", "", "first byte to map")
 	f.StringVarP(&cfg.MaxLength, "max-length", "l", "", "most bytes to map")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

@@ -43,6 +43,6 @@ func newImgMeasureCmd() *cobra.Command {
 	f.StringVar(&cfg.Size, "size", "", "virtual size of an empty new image")
 	f.StringVar(&cfg.Output, "output", "human", "output format: human or json")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

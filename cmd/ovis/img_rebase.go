@@ -45,6 +45,6 @@ func newImgRebaseCmd() *cobra.Command {
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the backing files even if they are in use")
 	f.VarP(&cache, "cache", "t", "cache mode of the image (accepted)")
 	f.VarP(&srcCache, "source-cache", "T", "cache mode of the backing files (accepted)")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }

@@ -16,6 +16,8 @@ func newImgResizeCmd() *cobra.Command {
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "do not print \"Image resized.\"")
 	help := f.BoolP("help", "h", false, "help for resize")
 	var imageOpts bool
+	// On f, which parses the arguments here (DisableFlagParsing).
+	addImageOpts(f, &imageOpts)
 	cmd := &cobra.Command{
 		Use:   "resize [-f FMT] [--preallocation=PREALLOC] [--shrink] [-q] FILENAME [+ | -]SIZE",
 		Short: "Change an image's virtual size",
@@ -49,6 +51,5 @@ func newImgResizeCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().AddFlagSet(f)
-	addImageOpts(cmd, &imageOpts)
 	return cmd
 }

@@ -58,6 +58,6 @@ func newImgSnapshotCmd() *cobra.Command {
 	f.StringVarP(&del, "delete", "d", "", "delete a snapshot")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "quiet (there is no output to hide but the list)")
 	f.BoolVarP(&forceShare, "force-share", "U", false, "open the image even if it is in use")
-	addImageOpts(cmd, &imageOpts)
+	addImageOpts(cmd.Flags(), &imageOpts)
 	return cmd
 }
