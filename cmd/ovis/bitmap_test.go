@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
@@ -334,5 +335,52 @@ func TestNBDDirtyBitmapLikeQemu(t *testing.T) {
 		if q.code != 1 || o.code != 1 || strip.ReplaceAllString(q.stderr, "") != strip.ReplaceAllString(o.stderr, "") {
 			t.Errorf("%v: qemu-nbd exits %d (%q), ovis %d (%q)", a, q.code, q.stderr, o.code, o.stderr)
 		}
+	}
+}
+
+// TestInfoBitmapDirectoryLikeQemu damages the bitmap directory in the ways
+// QEMU's bitmap_list_load refuses (and one it accepts) and requires
+// ovis img info to answer as qemu-img info does.
+func TestInfoBitmapDirectoryLikeQemu(t *testing.T) {
+	t.Parallel()
+	be := binary.BigEndian
+	for _, c := range []struct {
+		name  string
+		patch func(ext, dir []byte, second int)
+	}{
+		{"undamaged", func(ext, dir []byte, second int) {}},
+		{"granularity 2^40", func(ext, dir []byte, second int) { dir[second+17] = 40 }},
+		{"granularity 2^8", func(ext, dir []byte, second int) { dir[17] = 8 }},
+		{"unknown type", func(ext, dir []byte, second int) { dir[16] = 7 }},
+		{"reserved flag", func(ext, dir []byte, second int) { dir[second+15] |= 4 }},
+		{"table offset 0", func(ext, dir []byte, second int) { be.PutUint64(dir[second:], 0) }},
+		{"table offset misaligned", func(ext, dir []byte, second int) { be.PutUint64(dir[0:], be.Uint64(dir[0:])+512) }},
+		{"table past the end of the file", func(ext, dir []byte, second int) { be.PutUint64(dir[0:], 1<<32) }},
+		{"table size 0", func(ext, dir []byte, second int) { be.PutUint32(dir[8:], 0) }},
+		{"table too small", func(ext, dir []byte, second int) { dir[17] = 9 }},
+		{"table too small but in use", func(ext, dir []byte, second int) { dir[17] = 9; dir[15] |= 1 }},
+		{"extra data", func(ext, dir []byte, second int) { be.PutUint32(dir[20:], 8) }},
+		{"entry past the directory", func(ext, dir []byte, second int) { be.PutUint16(dir[second+18:], 200) }},
+		{"more bitmaps than the header says", func(ext, dir []byte, second int) { be.PutUint32(ext[0:], 1) }},
+		{"fewer bitmaps than the header says", func(ext, dir []byte, second int) { be.PutUint32(ext[0:], 3) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			for _, s := range []step{
+				run("qemu-img", "create", "-q", "-f", "qcow2", "i.qcow2", "64M"),
+				run("qemu-img", "bitmap", "--add", "i.qcow2", "b0"),
+				run("qemu-img", "bitmap", "--add", "-g", "1M", "--disable", "i.qcow2", "second"),
+			} {
+				s(t, dir)
+			}
+			patchBitmaps(t, filepath.Join(dir, "i.qcow2"), func(ext, d []byte) { c.patch(ext, d, bitmapEntryAt(d, 1)) })
+			for _, args := range [][]string{{"info", "i.qcow2"}, {"info", "--output=json", "i.qcow2"}} {
+				q, o := qemuImg(t, dir, args...), ovisImg(t, dir, args...)
+				q.stdout = actualSizeRE.ReplaceAllString(q.stdout, "")
+				o.stdout = actualSizeRE.ReplaceAllString(o.stdout, "")
+				sameResult(t, strings.Join(args, " "), q, o)
+			}
+		})
 	}
 }

@@ -65,13 +65,34 @@ func convertInputs(t *testing.T, dir string) {
 // directory, as a writer that crashed leaves it.
 func setBitmapInUse(t *testing.T, path string, i int) {
 	t.Helper()
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	patchBitmaps(t, path, func(_, dir []byte) {
+		e := dir[bitmapEntryAt(dir, i):]
+		binary.BigEndian.PutUint32(e[12:], binary.BigEndian.Uint32(e[12:])|1)
+	})
+}
+
+// bitmapEntryAt is the offset of entry i in a bitmap directory.
+func bitmapEntryAt(dir []byte, i int) int {
+	be := binary.BigEndian
+	q := 0
+	for range i {
+		q += (24 + int(be.Uint32(dir[q+20:])) + int(be.Uint16(dir[q+18:])) + 7) &^ 7
+	}
+	return q
+}
+
+// patchBitmaps lets f edit, in place, the data of the bitmaps header
+// extension (24 bytes: count, reserved, directory size and offset) and
+// the bitmap directory of the qcow2 image at path.
+func patchBitmaps(t *testing.T, path string, f func(ext, dir []byte)) {
+	t.Helper()
+	file, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer file.Close()
 	head := make([]byte, 4096)
-	if _, err := f.ReadAt(head, 0); err != nil {
+	if _, err := file.ReadAt(head, 0); err != nil {
 		t.Fatal(err)
 	}
 	be := binary.BigEndian
@@ -81,17 +102,17 @@ func setBitmapInUse(t *testing.T, path string, i int) {
 			break
 		}
 		if typ == 0x23852875 {
-			dirSize, dirOff := be.Uint64(head[p+8+8:]), int64(be.Uint64(head[p+8+16:]))
+			ext := head[p+8 : p+8+24]
+			dirSize, dirOff := be.Uint64(ext[8:]), int64(be.Uint64(ext[16:]))
 			dir := make([]byte, dirSize)
-			if _, err := f.ReadAt(dir, dirOff); err != nil {
+			if _, err := file.ReadAt(dir, dirOff); err != nil {
 				t.Fatal(err)
 			}
-			q := 0
-			for range i {
-				q += (24 + int(be.Uint32(dir[q+20:])) + int(be.Uint16(dir[q+18:])) + 7) &^ 7
+			f(ext, dir)
+			if _, err := file.WriteAt(dir, dirOff); err != nil {
+				t.Fatal(err)
 			}
-			be.PutUint32(dir[q+12:], be.Uint32(dir[q+12:])|1)
-			if _, err := f.WriteAt(dir[q+12:q+16], dirOff+int64(q)+12); err != nil {
+			if _, err := file.WriteAt(ext, int64(p+8)); err != nil {
 				t.Fatal(err)
 			}
 			return

@@ -2,6 +2,7 @@ package img
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 
@@ -18,7 +19,31 @@ const (
 	maxBitmapDirectory = maxBitmaps * 1024 // QCOW2_MAX_BITMAP_DIRECTORY_SIZE
 	bitmapFlagInUse    = 1 << 0
 	bitmapFlagAuto     = 1 << 1
+	maxBitmapTable     = 0x8000000  // BME_MAX_TABLE_SIZE, entries
+	maxBitmapPhys      = 0x20000000 // BME_MAX_PHYS_SIZE, bytes
 )
+
+var errBrokenBitmapDir = errors.New("Broken bitmap directory")
+
+// bitmapEntryValid applies QEMU's check_dir_entry to directory entry e of
+// an image with clusters of cs bytes and a virtual size of size bytes.
+func bitmapEntryValid(e []byte, cs, size uint64) bool {
+	be := binary.BigEndian
+	tableOff, tableSize := be.Uint64(e[0:]), be.Uint32(e[8:])
+	flags, typ, granBits := be.Uint32(e[12:]), e[16], e[17]
+	nameLen := be.Uint16(e[18:])
+	const reserved = ^uint32(bitmapFlagInUse | bitmapFlagAuto)
+	if tableSize == 0 || tableOff == 0 || tableOff%cs != 0 || tableSize > maxBitmapTable ||
+		granBits > 31 || granBits < 9 || flags&reserved != 0 || nameLen > 1023 || typ != 1 {
+		return false
+	}
+	phys := uint64(tableSize) * cs
+	if phys > maxBitmapPhys {
+		return false
+	}
+	// A bitmap in use may be of any size; it is not loaded.
+	return flags&bitmapFlagInUse != 0 || size <= (phys*8)<<granBits
+}
 
 // qcow2Bitmaps lists the image's persistent dirty bitmaps as QEMU's
 // qcow2_get_bitmap_info_list does, for info's "bitmaps": each a QDict of
@@ -26,8 +51,9 @@ const (
 // image has none, or when the bitmaps autoclear bit is clear (QEMU then
 // considers them inconsistent and ignores them).
 //
-// TODO(engine): this reads the bitmap directory itself because qcow2.Image
-// does not expose bitmaps; it should become (*qcow2.Image).Bitmaps.
+// It reads the directory itself rather than take (*qcow2.Image).Bitmaps:
+// the engine leaves a broken directory aside and serves the image, while
+// qemu-img refuses to open it, with the messages this returns.
 func qcow2Bitmaps(path string, h *qcow2.Header) ([]any, error) {
 	if h.AutoclearFeatures&qcow2.AutoclearBitmaps == 0 {
 		return nil, nil
@@ -61,7 +87,7 @@ func qcow2Bitmaps(path string, h *qcow2.Header) ([]any, error) {
 	switch {
 	case n > maxBitmaps:
 		return nil, fmt.Errorf("bitmaps: %d bitmaps exceed %d", n, maxBitmaps)
-	case dirSize > maxBitmapDirectory || dirSize < uint64(n)*bitmapEntryLen:
+	case dirSize > maxBitmapDirectory:
 		return nil, fmt.Errorf("bitmaps: directory of %d bytes for %d bitmaps", dirSize, n)
 	case dirOff%uint64(h.ClusterSize()) != 0 || dirOff > fileSize || dirSize > fileSize-dirOff:
 		return nil, fmt.Errorf("bitmaps: directory at %#x (%d bytes) is outside the file", dirOff, dirSize)
@@ -70,21 +96,33 @@ func qcow2Bitmaps(path string, h *qcow2.Header) ([]any, error) {
 	if _, err := f.ReadAt(dir, int64(dirOff)); err != nil {
 		return nil, fmt.Errorf("bitmaps: read directory at %#x: %w", dirOff, err)
 	}
+	// Entry by entry as QEMU's bitmap_list_load, with its messages: QEMU
+	// does not open an image whose directory breaks these rules.
 	var list []any
-	for off, i := uint64(0), uint32(0); i < n; i++ {
+	count := uint32(0)
+	for off := uint64(0); off < dirSize; {
 		if dirSize-off < bitmapEntryLen {
-			return nil, fmt.Errorf("bitmaps: entry %d runs past the directory", i)
+			return nil, errBrokenBitmapDir
+		}
+		if count++; count > n {
+			return nil, fmt.Errorf("More bitmaps found than specified in header extension")
 		}
 		e := dir[off:]
 		flags := be.Uint32(e[12:])
 		granBits := e[17]
 		nameLen := uint64(be.Uint16(e[18:]))
 		extraLen := uint64(be.Uint32(e[20:]))
-		end := bitmapEntryLen + extraLen + nameLen
-		if end > dirSize-off || granBits > 63 {
-			return nil, fmt.Errorf("bitmaps: entry %d at directory offset %d is malformed", i, off)
+		size := (bitmapEntryLen + extraLen + nameLen + 7) &^ 7
+		if size > dirSize-off {
+			return nil, errBrokenBitmapDir
 		}
-		name := string(e[bitmapEntryLen+extraLen : end])
+		if extraLen != 0 {
+			return nil, fmt.Errorf("Bitmap extra data is not supported")
+		}
+		name := string(e[bitmapEntryLen : bitmapEntryLen+nameLen])
+		if !bitmapEntryValid(e, uint64(h.ClusterSize()), h.Size) {
+			return nil, fmt.Errorf("Bitmap '%s' doesn't satisfy the constraints", name)
+		}
 		var fl []any
 		if flags&bitmapFlagInUse != 0 {
 			fl = append(fl, "in-use")
@@ -100,7 +138,10 @@ func qcow2Bitmaps(path string, h *qcow2.Header) ([]any, error) {
 		d.put("granularity", int64(1)<<granBits)
 		d.put("flags", fl)
 		list = append(list, d)
-		off += (end + 7) &^ 7
+		off += size
+	}
+	if count != n {
+		return nil, fmt.Errorf("Less bitmaps found than specified in header extension")
 	}
 	return list, nil
 }
