@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
@@ -441,56 +441,51 @@ func copyFile(t *testing.T, from, to string) {
 // when they are equal.
 func firstFileDiff(t *testing.T, a, b string) (an, bn, at int64) {
 	t.Helper()
-	fa, err := os.Open(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fa.Close()
-	fb, err := os.Open(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fb.Close()
-	sa, _ := fa.Stat()
-	sb, _ := fb.Stat()
-	an, bn = sa.Size(), sb.Size()
-	ba, bb := make([]byte, 1<<20), make([]byte, 1<<20)
-	// nextData is where f's next data starts at or after off (SEEK_DATA),
-	// or its size when only a hole is left.
-	nextData := func(f *os.File, off, size int64) int64 {
-		d, err := f.Seek(off, 3)
+	var files [2]*block.OSFile
+	var sizes [2]int64
+	for i, p := range []string{a, b} {
+		f, err := block.OpenFile(p, true)
 		if err != nil {
-			return size
+			t.Fatal(err)
 		}
-		return d
+		defer f.Close()
+		if sizes[i], err = f.Size(); err != nil {
+			t.Fatal(err)
+		}
+		files[i] = f
 	}
-	for off := int64(0); ; off += int64(len(ba)) {
-		// Skip what is a hole in both files: repairs can leave files of
-		// a GiB, mostly holes.
-		if d := min(nextData(fa, off, an), nextData(fb, off, bn)) &^ (1<<20 - 1); d > off {
+	// nextData is where file i's next data starts at or after off, or its
+	// end: a file that ends first differs there.
+	nextData := func(i int, off int64) int64 {
+		if hole, end, ok := block.FileRun(files[i], off); ok && hole {
+			return min(end, sizes[i])
+		}
+		return off
+	}
+	const chunk = 1 << 20
+	bufs := [2][]byte{make([]byte, chunk), make([]byte, chunk)}
+	for off := int64(0); ; off += chunk {
+		// Skip what is a hole in both files.
+		if d := min(nextData(0, off), nextData(1, off)) &^ (chunk - 1); d > off {
 			off = d
 		}
-		if _, err := fa.Seek(off, io.SeekStart); err != nil {
-			t.Fatal(err)
+		var n [2]int
+		for i, f := range files {
+			n[i], _ = f.ReadAt(bufs[i], off)
 		}
-		if _, err := fb.Seek(off, io.SeekStart); err != nil {
-			t.Fatal(err)
-		}
-		na, _ := io.ReadFull(fa, ba)
-		nb, _ := io.ReadFull(fb, bb)
 		// bytes.Equal first: a byte loop is slow under -race.
-		if m := min(na, nb); !bytes.Equal(ba[:m], bb[:m]) {
+		if m := min(n[0], n[1]); !bytes.Equal(bufs[0][:m], bufs[1][:m]) {
 			for i := range m {
-				if ba[i] != bb[i] {
-					return an, bn, off + int64(i)
+				if bufs[0][i] != bufs[1][i] {
+					return sizes[0], sizes[1], off + int64(i)
 				}
 			}
 		}
-		if na != nb {
-			return an, bn, off + int64(min(na, nb))
+		if n[0] != n[1] {
+			return sizes[0], sizes[1], off + int64(min(n[0], n[1]))
 		}
-		if na < len(ba) {
-			return an, bn, -1
+		if n[0] < chunk {
+			return sizes[0], sizes[1], -1
 		}
 	}
 }
