@@ -479,10 +479,7 @@ func createTarget(path, format string, o *opts, size int64) error {
 	if err != nil {
 		return err
 	}
-	if err := qcow2.Create(path, co); err != nil {
-		return createError(format, err)
-	}
-	return nil
+	return createQcow2(path, co)
 }
 
 // openTarget opens the output for writing in a cache mode, with its

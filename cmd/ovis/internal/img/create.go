@@ -146,10 +146,18 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	if err != nil {
 		return err
 	}
-	if err := qcow2.Create(cfg.Filename, co); err != nil {
-		return createError(format, err)
-	}
-	return nil
+	return createQcow2(cfg.Filename, co)
+}
+
+// createQcow2 creates a qcow2 image at path, refusing (before the file is
+// touched) one another process holds.
+func createQcow2(path string, co qcow2.CreateOptions) error {
+	return withCreateLock(path, "qcow2", func() error {
+		if err := qcow2.Create(path, co); err != nil {
+			return createError("qcow2", err)
+		}
+		return nil
+	})
 }
 
 // createError maps a failed creation to qemu-img's message.

@@ -6,12 +6,54 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // firstBlockSize is how much of a new raw file QEMU writes so that later
 // alignment probing finds an allocated block (MAX_BLOCKSIZE and the page
 // size, whichever is larger).
 const firstBlockSize = 4096
+
+// Image locks taken on an existing file before an image is created over
+// it. QEMU's file driver takes write and resize and checks that nobody
+// refuses to share them before it truncates the file, so an image
+// another process writes, or reads without -U, is refused ('Failed to get
+// "write" lock') and one read with -U, or a raw image another writer
+// shares, is not. The qcow2 driver then opens the file refusing to share
+// writes, which QEMU only checks after the truncation; ovis checks it
+// first, so the file is never changed under a holder.
+const (
+	createRawPerm      = block.PermWrite | block.PermResize
+	createQcow2Perm    = block.PermConsistentRead | block.PermWrite | block.PermResize
+	createQcow2Unshare = block.PermWrite | block.PermResize
+)
+
+// withCreateLock runs create while holding, on the file at path if one
+// exists, the locks QEMU takes there before it writes a new image of
+// format; it fails with a *block.LockError, without running create, when
+// another process conflicts. A missing or unreadable file is not locked:
+// create itself reports what is wrong with it.
+func withCreateLock(path, format string, create func() error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return create()
+	}
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		f.Close()
+		return create()
+	}
+	lf := block.NewOSFile(f)
+	defer lf.Close()
+	perm, unshared := createRawPerm, block.Perm(0)
+	if format == "qcow2" {
+		perm, unshared = createQcow2Perm, createQcow2Unshare
+	}
+	if err := lf.LockImage(path, perm, unshared); err != nil {
+		return err
+	}
+	return create()
+}
 
 // createRaw creates a raw image of size bytes as QEMU's file-posix driver
 // does: sparse (with the first block allocated), or preallocated with
@@ -24,18 +66,20 @@ func createRaw(path string, size int64, prealloc string) error {
 	default:
 		return fmt.Errorf("invalid parameter value: %s", prealloc)
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return createError("raw", err)
-	}
-	if err := fillRaw(f, size, prealloc); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("Could not close '%s': %s", path, strerror(err))
-	}
-	return nil
+	return withCreateLock(path, "raw", func() error {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return createError("raw", err)
+		}
+		if err := fillRaw(f, size, prealloc); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("Could not close '%s': %s", path, strerror(err))
+		}
+		return nil
+	})
 }
 
 func fillRaw(f *os.File, size int64, prealloc string) error {
