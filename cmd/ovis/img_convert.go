@@ -45,6 +45,8 @@ func newImgConvertCmd() *cobra.Command {
 				}
 				cfg.Dest = dst
 			}
+			cfg.BackingFileSet = cmd.Flags().Changed("backing")
+			cfg.BackingFormatSet = cmd.Flags().Changed("backing-format")
 			cfg.ProgressTo = cmd.ErrOrStderr()
 			return img.Convert(cmd.Context(), cfg, cmd.OutOrStdout())
 		},

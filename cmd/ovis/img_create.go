@@ -25,6 +25,8 @@ func newImgCreateCmd() *cobra.Command {
 			if len(args) > 2 {
 				return img.UsageError("Unexpected argument: %s", args[2])
 			}
+			cfg.BackingFileSet = cmd.Flags().Changed("backing")
+			cfg.BackingFormatSet = cmd.Flags().Changed("backing-format")
 			return img.Create(cfg, cmd.OutOrStdout())
 		},
 	}

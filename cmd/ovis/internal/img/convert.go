@@ -69,6 +69,9 @@ type ConvertConfig struct {
 	// the source's own layer is copied.
 	BackingFile   string
 	BackingFormat string
+	// BackingFileSet and BackingFormatSet say that -B and -F were given,
+	// even as empty strings.
+	BackingFileSet, BackingFormatSet bool
 	// NoCreate (-n) writes into an existing DST instead of creating it.
 	NoCreate bool
 	// Workers (-m) is how many requests run in parallel, 1 to 16;
@@ -173,7 +176,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		}
 	}
 
-	targetHasBacking := cfg.BackingFile != ""
+	targetHasBacking := cfg.BackingFile != "" || cfg.BackingFileSet
 	if cfg.TargetIsZero && targetHasBacking {
 		// qemu-img reports this and then exits with status 0, without
 		// converting.
@@ -404,14 +407,14 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 	}
 	size := (srcSize + 511) &^ 511
 	o.setNumber(optKeySize, uint64(size))
-	if cfg.BackingFile != "" || cfg.BackingFormat != "" {
+	if cfg.BackingFile != "" || cfg.BackingFormat != "" || cfg.BackingFileSet || cfg.BackingFormatSet {
 		if outFmt != "qcow2" {
 			return false, fmt.Errorf("Backing file not supported for file format '%s'", outFmt)
 		}
-		if cfg.BackingFile != "" {
+		if cfg.BackingFile != "" || cfg.BackingFileSet {
 			o.vals[optKeyBackingFile] = optValue{str: cfg.BackingFile}
 		}
-		if cfg.BackingFormat != "" {
+		if cfg.BackingFormat != "" || cfg.BackingFormatSet {
 			o.vals[optKeyBackingFmt] = optValue{str: cfg.BackingFormat}
 		}
 	}
@@ -430,7 +433,15 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 			return false, errors.New("Compression and preallocation not supported at the same time")
 		}
 	}
-	if err := createTarget(cfg.Dest, outFmt, o, size); err != nil {
+	err = nil
+	if hasBacking && o.str(optKeyBackingFile) == "" {
+		// qemu-img 7.2 crashes here; this is its create's refusal.
+		err = errors.New("Expected backing file name, got empty string")
+	}
+	if err == nil {
+		err = createTarget(cfg.Dest, outFmt, o, size)
+	}
+	if err != nil {
 		return false, fmt.Errorf("%s: error while converting %s: %w", cfg.Dest, outFmt, err)
 	}
 	return hasBacking, nil

@@ -24,6 +24,9 @@ type CreateConfig struct {
 	// and backing_fmt options.
 	BackingFile   string
 	BackingFormat string
+	// BackingFileSet and BackingFormatSet say that -b and -F were given,
+	// even as empty strings, which qemu-img refuses.
+	BackingFileSet, BackingFormatSet bool
 	// Unsafe (-u) does not open the backing file, so SIZE is required.
 	Unsafe bool
 	// Quiet (-q) leaves out the "Formatting" line.
@@ -80,13 +83,13 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	if o.has(optKeySize) && imgSize != -1 {
 		return errors.New("The image size must be specified only once")
 	}
-	if cfg.BackingFile != "" {
+	if cfg.BackingFile != "" || cfg.BackingFileSet {
 		if _, ok := o.find(optKeyBackingFile); !ok {
 			return fmt.Errorf("Backing file not supported for file format '%s'", format)
 		}
 		o.vals[optKeyBackingFile] = optValue{str: cfg.BackingFile}
 	}
-	if cfg.BackingFormat != "" {
+	if cfg.BackingFormat != "" || cfg.BackingFormatSet {
 		if _, ok := o.find(optKeyBackingFmt); !ok {
 			return fmt.Errorf("Backing file format not supported for file format '%s'", format)
 		}
@@ -109,6 +112,9 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	switch {
 	case backing != "" && !cfg.Unsafe:
 		full := combinePath(cfg.Filename, backing)
+		if _, ok := formatOpts(backingFmt); o.has(optKeyBackingFmt) && !ok {
+			return fmt.Errorf("Unknown driver '%s'\nCould not open backing image.", backingFmt)
+		}
 		// Only its size is read: QEMU opens it even while in use.
 		dev, err := qcow2.OpenDevice(full, backingFmt, qcow2.Options{ReadOnly: true, NoBacking: true, ForceShare: true})
 		if err != nil {
@@ -126,7 +132,7 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 		if size == -1 {
 			size = bsize
 		}
-	case backing != "" && backingFmt == "":
+	case backing != "" && !o.has(optKeyBackingFmt):
 		return errors.New("Backing file specified without backing format")
 	}
 	if size == -1 {
@@ -199,6 +205,10 @@ func qcow2CreateOptions(o *opts, size int64) (qcow2.CreateOptions, error) {
 		default:
 			return co, fmt.Errorf("Parameter 'version' does not accept value '%s'", v)
 		}
+	}
+	// Any block driver's name is a backing format to QAPI, but not "".
+	if o.has(optKeyBackingFmt) && o.str(optKeyBackingFmt) == "" {
+		return co, errors.New("Parameter 'backing-fmt' does not accept value ''")
 	}
 	if o.has(optKeyPrealloc) {
 		switch v := o.str(optKeyPrealloc); v {
