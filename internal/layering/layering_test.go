@@ -1,0 +1,103 @@
+// Package layering holds the test that keeps the module's dependency
+// arrows pointing the way docs/architecture.md draws them.
+package layering
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/ovis-storage/ovis"
+
+// pkg is what go list says of one package.
+type pkg struct {
+	ImportPath string
+	Imports    []string // direct imports
+	Deps       []string // every package it depends on, transitively
+}
+
+// listPackages runs go list over the module.
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", "./...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []pkg
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 4 {
+		t.Fatalf("go list found %d packages; the module has more", len(pkgs))
+	}
+	return pkgs
+}
+
+// networkPackages are the standard library's ways onto the network.
+var networkPackages = []string{"net", "net/http", "net/rpc", "crypto/tls", "net/netip"}
+
+// TestImportDirection fails on an arrow that points the wrong way.
+func TestImportDirection(t *testing.T) {
+	ours := func(p string) bool { return p == module || strings.HasPrefix(p, module+"/") }
+	rel := func(p string) string { return strings.TrimPrefix(strings.TrimPrefix(p, module), "/") }
+	under := func(p, dir string) bool { r := rel(p); return r == dir || strings.HasPrefix(r, dir+"/") }
+
+	rules := []struct {
+		name string
+		// applies says whether the rule is about package p.
+		applies func(p string) bool
+		// forbidden says whether p may not depend on dep (transitively
+		// for ovis packages, directly for the standard library).
+		forbidden func(p, dep string, direct bool) bool
+	}{
+		{"block imports no ovis package",
+			func(p string) bool { return under(p, "block") },
+			func(p, dep string, direct bool) bool { return ours(dep) }},
+		{"qcow2 imports neither nbd, the cluster nor the network",
+			func(p string) bool { return under(p, "qcow2") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "nbd") || under(dep, "cluster")) ||
+					direct && slices.Contains(networkPackages, dep)
+			}},
+		{"nbd imports neither qcow2 nor the cluster",
+			func(p string) bool { return under(p, "nbd") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
+			}},
+		{"nothing outside cmd imports cmd",
+			func(p string) bool { return !under(p, "cmd") },
+			func(p, dep string, direct bool) bool { return ours(dep) && under(dep, "cmd") }},
+	}
+	pkgs := listPackages(t)
+	for _, r := range rules {
+		checked := 0
+		for _, p := range pkgs {
+			if !ours(p.ImportPath) || !r.applies(p.ImportPath) {
+				continue
+			}
+			checked++
+			for _, dep := range p.Deps {
+				direct := slices.Contains(p.Imports, dep)
+				if r.forbidden(p.ImportPath, dep, direct) {
+					t.Errorf("%s: %s depends on %s", r.name, rel(p.ImportPath), dep)
+				}
+			}
+		}
+		if checked == 0 {
+			t.Errorf("%s: no package of the module is subject to it; the rule is stale", r.name)
+		}
+	}
+}
