@@ -220,7 +220,7 @@ func parseHeader(buf []byte, fileSize int64, forCheck bool) (*Header, error) {
 		return nil, err
 	}
 	if unknown := h.IncompatibleFeatures &^ incompatKnown; unknown != 0 {
-		return nil, &UnsupportedError{Feature: "incompatible features " + h.featureNames(0, unknown)}
+		return nil, &FeaturesError{List: h.unsupportedFeatures(unknown)}
 	}
 	if h.CryptMethod != 0 {
 		return nil, &UnsupportedError{Feature: fmt.Sprintf("encryption method %d", h.CryptMethod)}
@@ -339,21 +339,39 @@ func (h *Header) parseExtensions(buf []byte) error {
 	}
 }
 
-// featureNames lists the set bits of mask, by name where the feature name
-// table has one.
-func (h *Header) featureNames(kind uint8, mask uint64) string {
+// FeaturesError reports incompatible feature bits ovis does not know. It
+// is an *UnsupportedError too (errors.As).
+type FeaturesError struct {
+	// List is QEMU's list of them: "Test feature, Unknown incompatible
+	// feature: 6000000000000000".
+	List string
+}
+
+func (e *FeaturesError) Error() string { return "qcow2: Unsupported qcow2 feature(s): " + e.List }
+
+// Unwrap makes it an *UnsupportedError.
+func (e *FeaturesError) Unwrap() error {
+	return &UnsupportedError{Feature: "incompatible features " + e.List}
+}
+
+// unsupportedFeatures lists the incompatible bits of mask as QEMU's
+// report_unsupported_feature does: the names the image's feature name
+// table gives them, in table order (up to the first unnamed entry), then
+// the bits left unnamed as one hex mask.
+func (h *Header) unsupportedFeatures(mask uint64) string {
 	var parts []string
-	for bit := uint8(0); bit < 64; bit++ {
-		if mask&(1<<bit) == 0 {
+	for _, f := range h.FeatureNames {
+		if f.Name == "" {
+			break
+		}
+		if f.Kind != 0 || f.Bit >= 64 || mask&(1<<f.Bit) == 0 {
 			continue
 		}
-		name := fmt.Sprintf("bit %d", bit)
-		for _, f := range h.FeatureNames {
-			if f.Kind == kind && f.Bit == bit {
-				name = fmt.Sprintf("%s (bit %d)", f.Name, bit)
-			}
-		}
-		parts = append(parts, name)
+		parts = append(parts, f.Name)
+		mask &^= 1 << f.Bit
+	}
+	if mask != 0 {
+		parts = append(parts, fmt.Sprintf("Unknown incompatible feature: %x", mask))
 	}
 	return strings.Join(parts, ", ")
 }

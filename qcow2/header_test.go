@@ -447,11 +447,11 @@ func TestHeaderMalformed(t *testing.T) {
 		{"header_length 108", put32(100, 108), []string{"header_length 108"}, "corrupt"},
 		{"header_length 100", put32(100, 100), []string{"header_length 100"}, "corrupt"},
 		{"header_length past cluster", put32(100, 8192), []string{"header_length 8192"}, "corrupt"},
-		{"unknown incompatible bit unnamed", put64(72, 1<<5), []string{"bit 5"}, "unsupported"},
+		{"unknown incompatible bit unnamed", put64(72, 1<<5), []string{"Unknown incompatible feature: 20"}, "unsupported"},
 		{"unknown incompatible bit named", encoded(func(h *qcow2.Header) {
 			h.IncompatibleFeatures |= 1 << 5
 			h.FeatureNames = append(h.FeatureNames, qcow2.FeatureName{Kind: 0, Bit: 5, Name: "frobnicate"})
-		}), []string{"frobnicate", "bit 5"}, "unsupported"},
+		}), []string{"Unsupported qcow2 feature(s): frobnicate"}, "unsupported"},
 		{"unknown incompatible bit 63", encoded(func(h *qcow2.Header) {
 			h.IncompatibleFeatures |= 1 << 63
 			h.FeatureNames = append(h.FeatureNames, qcow2.FeatureName{Kind: 0, Bit: 63, Name: "far future"})

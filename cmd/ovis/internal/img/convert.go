@@ -350,7 +350,8 @@ func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error)
 		}
 		dev, err := qcow2.OpenDevice(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(cache)}))
 		if err != nil {
-			return fail(openError(name, err))
+			// The layer that failed, as openImage names it.
+			return fail(wrapMsg(err, "Could not open '%s': %s", displayName(name), chainReason(name, cfg.SourceFormat, err, 0)))
 		}
 		parts = append(parts, dev)
 	}

@@ -35,9 +35,12 @@ func openReason(err error) string {
 	var pe *fs.PathError
 	var fe *qcow2.FormatError
 	var le *block.LockError
+	var ue *qcow2.FeaturesError
 	switch {
 	case errors.As(err, &le):
 		return le.Error()
+	case errors.As(err, &ue):
+		return "Unsupported qcow2 feature(s): " + ue.List
 	case errors.As(err, &pe):
 		return fmt.Sprintf("Could not open '%s': %s", pe.Path, strerror(pe.Err))
 	case errors.As(err, &fe):
