@@ -148,7 +148,7 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 	// An image whose data file must stay a valid raw image maps all of it:
 	// QEMU preallocates the metadata of what a resize adds.
 	if grewFrom >= 0 {
-		if err := img.preallocate(ctx, PreallocMetadata, grewFrom); err != nil {
+		if err := img.preallocate(ctx, PreallocMetadata, grewFrom, false); err != nil {
 			return fmt.Errorf("qcow2: amend: preallocating the grown range: %w", err)
 		}
 	}

@@ -72,7 +72,7 @@ func Create(path string, o CreateOptions) error {
 	if err != nil {
 		return err
 	}
-	if err := img.preallocate(context.Background(), o.Preallocation, 0); err != nil {
+	if err := img.preallocate(context.Background(), o.Preallocation, 0, false); err != nil {
 		img.Close()
 		return err
 	}
@@ -173,14 +173,27 @@ func writeLayout(f block.File, h *Header) error {
 }
 
 // preallocate allocates every L2 table and data cluster from guest offset
-// from to the end (metadata), and with falloc or full also reserves or
-// zero-fills the data. from must be cluster aligned or the old size of a
-// grown image. It stops between runs once ctx is done.
-func (img *Image) preallocate(ctx context.Context, mode string, from int64) error {
+// from (the old size of a grown image, or 0) to the end (metadata), and
+// with falloc or full also reserves or zero-fills the data clusters'
+// host space. Extended L2 subclusters are left unallocated, as QEMU's
+// preallocation leaves them (a backing file still shows through), except
+// for falloc and full growth over a longer backing file (zeroNew), where
+// QEMU allocates them to hide it. An external data file is extended to
+// the new size instead. It stops between runs once ctx is done.
+func (img *Image) preallocate(ctx context.Context, mode string, from int64, zeroNew bool) error {
+	fresh, err := img.preallocOldEnd(mode, from, zeroNew)
+	if err != nil {
+		return err
+	}
+	allocSubs := zeroNew && (mode == PreallocFalloc || mode == PreallocFull) && !img.hasDataFile
 	n := (img.size + img.clusterSize - 1) >> img.clusterBits
 	var end uint64
 	type run struct{ off, n int64 }
 	var runs []run
+	if fresh >= 0 {
+		end = uint64(fresh + img.clusterSize)
+		runs = append(runs, run{fresh, img.clusterSize})
+	}
 	for c := (from + img.clusterSize - 1) >> img.clusterBits; c < n; {
 		if ctx.Err() != nil {
 			break // still extend the file below: the mapped runs lie past its end
@@ -203,8 +216,8 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64) erro
 			}
 			for i := int64(0); i < k; i++ {
 				m := mapping{entry: (host + uint64(i<<img.clusterBits)) | flagCopied}
-				if img.extL2 {
-					m.bitmap = 1<<subclustersPerCluster - 1
+				if allocSubs {
+					m.bitmap = 1<<img.nsub - 1
 				}
 				img.writeEntry(e.buf, idx+i, m)
 			}
@@ -224,6 +237,18 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64) erro
 	if err := img.Flush(); err != nil {
 		return err
 	}
+	if img.hasDataFile {
+		// QEMU's preallocate_co: metadata only maps the data file, whose
+		// added range falloc and full reserve.
+		dataMode := mode
+		if dataMode == PreallocMetadata {
+			dataMode = PreallocOff
+		}
+		if err := img.growDataFile(img.size, dataMode); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
 	size, err := img.data.Size()
 	if err != nil {
 		return err
@@ -236,24 +261,16 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	switch mode {
-	case PreallocFalloc:
-		if of, ok := img.data.(*block.OSFile); ok {
-			return fallocate(of, int64(end))
-		}
-	case PreallocFull:
-		zero := make([]byte, 1<<20)
-		for _, r := range runs {
-			for off := r.off; off < r.off+r.n; off += int64(len(zero)) {
-				if err := ctx.Err(); err != nil {
-					return err
-				}
-				if _, err := img.data.WriteAt(zero[:min(int64(len(zero)), r.off+r.n-off)], off); err != nil {
-					return err
-				}
-			}
-		}
-		return img.data.Sync()
+	if mode != PreallocFalloc && mode != PreallocFull {
+		return nil
 	}
-	return nil
+	for _, r := range runs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := img.reserveHost(mode, r.off, r.n); err != nil {
+			return err
+		}
+	}
+	return img.data.Sync()
 }
