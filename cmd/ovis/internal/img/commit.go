@@ -136,9 +136,26 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 // error. rate paces the copy, by the bytes of the ranges copied.
 func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress, rate *rateLimiter) error {
 	size := top.Size()
-	if target.Size() < size {
+	if old := target.Size(); old < size {
+		// A base whose own backing file is longer than it would show
+		// that file's data in the grown range; QEMU's truncate zeroes
+		// it: the partial cluster at the old end with zeros written, the
+		// clusters past it with the zero flag, which version 2 lacks.
+		zero := false
+		if t, ok := target.(*qcow2.Image); ok && t.Backing() != nil && t.Backing().Size() > old {
+			h := t.Header()
+			if cs := h.ClusterSize(); h.Version < 3 && (old+cs-1)/cs*cs < size {
+				return errors.New("Block job failed: Operation not supported")
+			}
+			zero = true
+		}
 		if err := growDevice(ctx, target, size); err != nil {
 			return err
+		}
+		if zero {
+			if err := target.WriteZeroes(old, target.Size()-old, false, false); err != nil {
+				return fmt.Errorf("Could not resize the base image: %s", strerror(err))
+			}
 		}
 	}
 	buf := make([]byte, copyChunk)
@@ -151,7 +168,11 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 			return fmt.Errorf("error while reading block status at offset %d: %s", off, strerror(err))
 		}
 		n := m.Length
-		if m.Present && m.Depth < base {
+		// A range no layer allocates is decided (as zeros) at the layer
+		// whose backing file ends before it: QEMU's block status counts
+		// it as allocated in that shorter backing file, so it is
+		// committed when that file is above the base.
+		if m.Depth < base && (m.Present || m.Depth+1 < base) {
 			if err := copyRange(ctx, top, target, off, n, m.Zero, buf, rate); err != nil {
 				return err
 			}

@@ -147,7 +147,12 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 				return fmt.Errorf("error while reading image metadata: %s", strerror(err))
 			}
 			n = m.Length
-			if !m.Present || m.Depth >= prefix {
+			// Decided at the new backing file or below, the range reads
+			// the same through both chains. Decided above it, it may be
+			// past the end of a shorter layer, which reads zeros that the
+			// new backing file need not (QEMU's fix for rebasing past the
+			// old backing file's end).
+			if m.Depth >= prefix {
 				off += n
 				continue
 			}
@@ -174,7 +179,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 			if differ {
 				var err error
 				if oldZero {
-					err = img.WriteZeroes(off+done, run, false, false)
+					err = zeroLikeQemu(img, off+done, run)
 				} else {
 					_, err = img.WriteAt(bufOld[done:done+run], off+done, false)
 				}
@@ -188,6 +193,81 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 		off += n
 	}
 	return nil
+}
+
+// zeroLikeQemu makes [off, off+n) of img read as zeros as QEMU's qcow2
+// driver does: whole (sub)clusters get the zero flag; a (sub)cluster
+// covered only in part gets it whole too when the rest of it reads zeros
+// already and it holds no data of its own, and is otherwise written with
+// zeros there.
+func zeroLikeQemu(img *qcow2.Image, off, n int64) error {
+	h := img.Header()
+	sub := h.ClusterSize()
+	if h.ExtendedL2() {
+		sub /= 32
+	}
+	size, end := img.Size(), off+n
+	if h.Version < 3 {
+		// No zero flag: zeros are written out.
+		return img.WriteZeroes(off, n, false, false)
+	}
+	for pos := off; pos < end; {
+		s0 := pos &^ (sub - 1)
+		s1 := min(s0+sub, size) // the (sub)cluster's end; the image's end counts as aligned
+		if pos == s0 && end >= s1 {
+			// Aligned: every whole (sub)cluster up to the last one.
+			last := end &^ (sub - 1)
+			if end == size {
+				last = end
+			}
+			if err := img.WriteZeroes(pos, last-pos, false, false); err != nil {
+				return err
+			}
+			pos = last
+			continue
+		}
+		fe := min(end, s1)
+		widen, err := zeroRest(img, s0, pos, fe, s1)
+		if err != nil {
+			return err
+		}
+		if widen {
+			err = img.WriteZeroes(s0, s1-s0, false, false)
+		} else {
+			err = img.WriteZeroes(pos, fe-pos, false, false)
+		}
+		if err != nil {
+			return err
+		}
+		pos = fe
+	}
+	return nil
+}
+
+// zeroRest reports whether the (sub)cluster [s0, s1) of img holds no data
+// of its own and reads zeros outside [pos, fe): QEMU's condition for
+// giving it the zero flag whole.
+func zeroRest(img *qcow2.Image, s0, pos, fe, s1 int64) (bool, error) {
+	m, err := img.MapAt(s0, s1-s0)
+	if err != nil {
+		return false, err
+	}
+	if m.Present && m.Depth == 0 && m.Data {
+		return false, nil
+	}
+	for _, r := range [][2]int64{{s0, pos}, {fe, s1}} {
+		for o := r[0]; o < r[1]; {
+			m, err := img.MapAt(o, r[1]-o)
+			if err != nil {
+				return false, err
+			}
+			if !m.Zero {
+				return false, nil
+			}
+			o += m.Length
+		}
+	}
+	return true, nil
 }
 
 // sameRun is QEMU's compare_buffers: whether the first sector of p1 and
