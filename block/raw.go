@@ -311,8 +311,17 @@ func (r *Raw) CopyFrom(src *Raw, srcOff, dstOff, n int64) error {
 	return nil
 }
 
-// Size returns the size the file had when the device was opened.
+// Size returns the size the file had when the device was opened, rounded
+// up to a whole sector after RoundUpToSector.
 func (r *Raw) Size() int64 { return r.size }
+
+// RoundUpToSector makes the device's size its file's size rounded up to a
+// whole 512-byte sector, the size QEMU's raw driver gives a file (and
+// qemu-nbd exports): the partial last sector reads as zeros past the end of
+// the file, Extent reports the bytes past the end as a hole, and writes
+// there extend the file, as pwrite does under QEMU. It must be called
+// before the device is shared.
+func (r *Raw) RoundUpToSector() { r.size = (r.size + 511) &^ 511 }
 
 // Close syncs a writable file and closes it, after requests in flight have
 // finished. It returns the first error but always closes the file. A

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -24,6 +26,8 @@ func newNBDCmd() *cobra.Command {
 		l2Size, l2EntrySize, rcSize, cacheSize string
 		noCache, allocDepth, fork, verbose     bool
 		imageOpts                              bool
+		logLevel, tlsCreds                     string
+		list                                   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "nbd [OPTIONS] FILE",
@@ -38,10 +42,6 @@ func newNBDCmd() *cobra.Command {
 			"one covers the writes of all.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 1 {
-				return img.UsageError("Invalid number of arguments")
-			}
-			cfg.File = args[0]
 			f := cmd.Flags()
 			var err error
 			if cfg.Shared, err = strconv.Atoi(shared); err != nil || cfg.Shared < 0 {
@@ -61,6 +61,19 @@ func newNBDCmd() *cobra.Command {
 			}
 			if cfg.DetectZeroes, err = serve.ParseDetectZeroes(detectZeroes); err != nil {
 				return err
+			}
+			if cfg.Socket != "" && !filepath.IsAbs(cfg.Socket) {
+				return errors.New("socket path must be absolute")
+			}
+			if list {
+				return runList(cmd, args, cfg, fork)
+			}
+			if len(args) != 1 {
+				return img.UsageError("Invalid number of arguments")
+			}
+			cfg.File = args[0]
+			if tlsCreds != "" {
+				return tlsCredsError(tlsCreds)
 			}
 			for _, s := range []struct {
 				name string
@@ -86,6 +99,9 @@ func newNBDCmd() *cobra.Command {
 					return err
 				}
 			}
+			if _, err := newLogger(io.Discard, logLevel); err != nil {
+				return err
+			}
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -97,11 +113,15 @@ func newNBDCmd() *cobra.Command {
 				}
 				return err
 			}
-			level := slog.LevelWarn
-			if verbose {
-				level = slog.LevelDebug
+			// -v is qemu-nbd's: it only matters to the kernel client
+			// (-c), so a server prints nothing more. ovis's own logs
+			// are behind --log-level.
+			_ = verbose
+			cfg.Logger, err = newLogger(cmd.ErrOrStderr(), logLevel)
+			if err != nil {
+				return err
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			cfg.Warnings = cmd.ErrOrStderr()
 			// A server started by --fork tells its parent it is ready; if
 			// it cannot, it stops rather than leave the parent waiting.
 			ctx, cancel := context.WithCancel(cmd.Context())
@@ -137,9 +157,12 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&discard, "discard", "ignore", "discard mode: ignore (TRIM does nothing) or unmap")
 	f.StringVar(&detectZeroes, "detect-zeroes", "off", "turn all-zero writes into zero writes: off, on or unmap (needs --discard=unmap)")
 	f.BoolVarP(&allocDepth, "allocation-depth", "A", false, "expose qemu:allocation-depth (always on in ovis)")
+	f.BoolVarP(&list, "list", "L", false, "list exports available from another NBD server (at -k, or -b and -p), as qemu-nbd -L")
+	f.StringVar(&tlsCreds, "tls-creds", "", "qemu-nbd's TLS object (ovis has no --object: refused; serve TLS with --tls-cert)")
 	f.BoolVar(&fork, "fork", false, "fork off the server process and exit once it is serving")
 	f.StringVar(&cfg.PidFile, "pid-file", "", "write the server's process ID to this file")
-	f.BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
+	f.BoolVarP(&verbose, "verbose", "v", false, "display extra debugging information (as qemu-nbd: nothing more for a server; see --log-level)")
+	f.StringVar(&logLevel, "log-level", "warn", "ovis's own logs on stderr: debug, info, warn, error or none")
 	f.StringVar(&l2Size, "l2-cache-size", "", "qcow2 L2 cache size in bytes (default: whole disk, at most 32M)")
 	f.StringVar(&l2EntrySize, "l2-cache-entry-size", "", "qcow2 L2 cache entry size in bytes (default: the cluster size, or 4 KiB when the L2 cache cannot cover the disk, as in QEMU)")
 	f.StringVar(&rcSize, "refcount-cache-size", "", "qcow2 refcount cache size in bytes (default: 4 clusters)")
@@ -155,6 +178,55 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus metrics (requests, cache counters) at http://ADDR/metrics")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close a connection idle (no request, unread reply or unfinished request) this long (0: never)")
 	return cmd
+}
+
+// runList is ovis nbd -L: qemu-nbd --list's checks of the command line,
+// with its messages, then serve.List.
+func runList(cmd *cobra.Command, args []string, cfg serve.Config, fork bool) error {
+	f := cmd.Flags()
+	if len(args) != 0 {
+		return errors.New("List mode is incompatible with a file name")
+	}
+	for _, name := range []string{"export-name", "description", "format", "load-snapshot", "bitmap",
+		"allocation-depth", "discard", "cache", "nocache"} {
+		if f.Changed(name) {
+			return errors.New("List mode is incompatible with per-device settings")
+		}
+	}
+	if fork {
+		return errors.New("List mode is incompatible with forking")
+	}
+	if tlsCreds, _ := f.GetString("tls-creds"); tlsCreds != "" {
+		return tlsCredsError(tlsCreds)
+	}
+	return serve.List(cmd.Context(), serve.ListConfig{Socket: cfg.Socket, Bind: cfg.Bind, Port: cfg.Port}, cmd.OutOrStdout())
+}
+
+// tlsCredsError is qemu-nbd's refusal of --tls-creds: ovis has no
+// --object, so no credentials object can have the id.
+func tlsCredsError(id string) error {
+	return fmt.Errorf("Failed to get TLS creds: No TLS credentials with id '%s'", id)
+}
+
+// newLogger returns the logger of --log-level: slog's text lines on w at
+// that level and above, or none at all for "none".
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	switch level {
+	case "none":
+		return slog.New(slog.DiscardHandler), nil
+	case "debug":
+		l = slog.LevelDebug
+	case "info":
+		l = slog.LevelInfo
+	case "warn":
+		l = slog.LevelWarn
+	case "error":
+		l = slog.LevelError
+	default:
+		return nil, fmt.Errorf("Invalid log level '%s' (want debug, info, warn, error or none)", level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
 // applyImageOpts reads cfg.File as qemu-nbd reads it under --image-opts:

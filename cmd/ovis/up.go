@@ -1,8 +1,6 @@
 package main
 
 import (
-	"log/slog"
-
 	"github.com/spf13/cobra"
 
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/serve"
@@ -10,8 +8,9 @@ import (
 
 func newUpCmd() *cobra.Command {
 	var (
-		cfg     = serve.UpConfig{Dir: "ovis-data", Size: "20G", Listen: "127.0.0.1:" + serve.DefaultPort}
-		verbose bool
+		cfg      = serve.UpConfig{Dir: "ovis-data", Size: "20G", Listen: "127.0.0.1:" + serve.DefaultPort}
+		verbose  bool
+		logLevel string
 	)
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -23,11 +22,15 @@ func newUpCmd() *cobra.Command {
 			"image is flushed and closed cleanly.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			level := slog.LevelInfo
-			if verbose {
-				level = slog.LevelDebug
+			// What it serves is printed on stdout; the logs repeat
+			// it, so they start at warnings.
+			if verbose && !cmd.Flags().Changed("log-level") {
+				logLevel = "debug"
 			}
-			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			var err error
+			if cfg.Logger, err = newLogger(cmd.ErrOrStderr(), logLevel); err != nil {
+				return err
+			}
 			return serve.Up(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
@@ -35,6 +38,7 @@ func newUpCmd() *cobra.Command {
 	cmd.Flags().StringVar(&cfg.Size, "size", cfg.Size, "virtual size of a new disk")
 	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "TCP address to serve on (port 0: pick a free one)")
 	cmd.Flags().StringVar(&cfg.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log debugging information")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "log debugging information (--log-level=debug)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "logs on stderr: debug, info, warn, error or none")
 	return cmd
 }

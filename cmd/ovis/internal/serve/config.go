@@ -3,6 +3,7 @@ package serve
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -233,8 +234,12 @@ type Config struct {
 	// service; then connections are cut (the device is still flushed and
 	// closed). The default is 30 seconds.
 	ShutdownTimeout time.Duration
-	// Logger receives the logs. nil means slog.Default().
+	// Logger receives ovis's own logs (connections, requests that
+	// failed, the lifecycle). nil means slog.Default().
 	Logger *slog.Logger
+	// Warnings receives the warnings qemu-nbd prints, in its words (a
+	// probed raw format). nil means they are not shown.
+	Warnings io.Writer
 	// Ready, when non-nil, is called once with the listening address
 	// after the pid file was written, before the first client is served.
 	Ready func(addr net.Addr)

@@ -19,7 +19,7 @@ import (
 const readyEnv = "OVIS_NBD_READY_FD"
 
 // ExitError is returned by Daemonize when the background server ended
-// before it was ready. Its messages have already been copied to the
+// before it was ready, or printed something before it was. Its messages have already been copied to the
 // caller's stderr; the caller should exit with Code and print nothing.
 type ExitError struct{ Code int }
 
@@ -40,7 +40,9 @@ func IsDaemonChild() bool { return os.Getenv(readyEnv) != "" }
 // pid file), which also sends its later output to /dev/null.
 //
 // When the server exits before it is ready, Daemonize returns an
-// *ExitError with the server's exit status.
+// *ExitError with the server's exit status; when it is ready but printed
+// something first (a warning), an *ExitError with status 1, as qemu-nbd
+// --fork exits.
 func Daemonize(stderr io.Writer) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -77,8 +79,9 @@ func Daemonize(stderr io.Writer) error {
 	}
 
 	copied := make(chan struct{})
+	var printed int64
 	go func() {
-		io.Copy(stderr, errR)
+		printed, _ = io.Copy(stderr, errR)
 		close(copied)
 	}()
 	var b [1]byte
@@ -88,8 +91,15 @@ func Daemonize(stderr io.Writer) error {
 		select {
 		case <-copied:
 		case <-time.After(5 * time.Second):
+			cmd.Process.Release()
+			return nil
 		}
 		cmd.Process.Release()
+		if printed > 0 {
+			// qemu-nbd's parent exits 1 when the server printed
+			// anything, a warning included, though it serves on.
+			return &ExitError{Code: 1}
+		}
 		return nil
 	}
 	<-copied

@@ -35,8 +35,11 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 			return nil, "", nil, openError(c.File, err)
 		}
 		format = f
-		if format == "raw" {
-			c.Logger.Warn("image format was not specified and probing guessed raw; pass -f raw to silence this", "file", c.File)
+		if format == "raw" && c.Warnings != nil && !c.ReadOnly && !c.Snapshot && c.LoadSnapshot == "" {
+			// QEMU warns when it opens a probed raw image for writing.
+			fmt.Fprintf(c.Warnings, "WARNING: Image format was not specified for '%s' and probing guessed raw.\n"+
+				"         Automatically detecting the format is dangerous for raw images, write operations on block 0 will be restricted.\n"+
+				"         Specify the 'raw' format explicitly to remove the restrictions.\n", c.File)
 		}
 	}
 	o := qcow2.Options{
@@ -68,6 +71,17 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 	}
 	if err != nil {
 		return nil, "", nil, openErrorAs(display, c.File, err)
+	}
+	if r, ok := dev.(*block.Raw); ok {
+		if c.Cache.Direct() && !o.ReadOnly && !c.Snapshot && r.Size()%block.DirectAlign != 0 {
+			// QEMU cannot write an O_DIRECT file's partial last
+			// block without growing it, so it refuses the open.
+			dev.Close()
+			return nil, "", nil, &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': Cannot get 'write' permission without 'resize': Image size is not a multiple of request alignment", display)}
+		}
+		// qemu-nbd exports a raw file in whole sectors; clients
+		// would otherwise map the partial last one themselves.
+		r.RoundUpToSector()
 	}
 	if c.LoadSnapshot != "" {
 		if err := loadSnapshot(dev, c); err != nil {

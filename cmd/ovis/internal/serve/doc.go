@@ -6,7 +6,8 @@
 // overlay), policy.go (the --discard and --detect-zeroes device wrapper),
 // listener.go (binding, the -e connection limit, noticing the last
 // client through the nbd server's ConnState hook), tls.go, daemon.go
-// (--fork and --pid-file), run.go (Run: the lifecycle) and up.go (Up).
+// (--fork and --pid-file), run.go (Run: the lifecycle), list.go (List:
+// qemu-nbd --list, the client side) and up.go (Up).
 //
 // Run's order, which callers rely on:
 //
@@ -42,7 +43,14 @@
 // locked as qemu-nbd locks them (block.Perm), the export refusing others
 // the right to resize it.
 //
-// Not done here: qemu-nbd's --object, -o/--offset, -B (dirty bitmaps), -c/-d (the kernel client),
-// --aio, --selinux-label, -L (listing another server) and socket
-// activation.
+// Output: like qemu-nbd, a normal run prints nothing on stderr (-v adds
+// nothing for a server); ovis's own logs go to Config.Logger (ovis nbd
+// --log-level, warnings by default), qemu-nbd's warnings to
+// Config.Warnings in its words. A raw image is exported in whole 512-byte
+// sectors, as QEMU sizes it (block.Raw.RoundUpToSector).
+//
+// Not done here: qemu-nbd's --object (so no TLS for List, and
+// --tls-creds is refused as qemu-nbd refuses an unknown id),
+// -o/--offset, -c/-d (the kernel client), --aio, --selinux-label and
+// socket activation.
 package serve
