@@ -295,7 +295,9 @@ var ErrSnapshotNotFound = errors.New("qcow2: snapshot not found")
 // header to it and frees the old one.
 func (img *Image) writeSnapshotTableLocked(snaps []Snapshot) error {
 	var off uint64
-	tbl := encodeSnapshotTable(snaps, img.hdr.Version)
+	snaps = img.qemuSnapshotEntries(snaps)
+	// Not padded past the last entry, as QEMU writes it.
+	tbl := encodeSnapshotTable(snaps, img.hdr.Version)[:snapshotTableLen(snaps)]
 	if len(snaps) > 0 {
 		var err error
 		if off, err = img.writeNewLocked("snapshot table", tbl); err != nil {
@@ -318,6 +320,26 @@ func (img *Image) writeSnapshotTableLocked(snaps []Snapshot) error {
 	}
 	img.snapshots = snaps
 	return nil
+}
+
+// qemuSnapshotEntries returns a copy of snaps as QEMU's
+// qcow2_write_snapshots writes them: every entry with at least its 24
+// bytes of extra data (an unknown icount as -1, an unknown disk size as
+// the current one), Extra holding the bytes that will be on disk so that
+// snapshotTableLen measures the written table.
+func (img *Image) qemuSnapshotEntries(snaps []Snapshot) []Snapshot {
+	out := make([]Snapshot, len(snaps))
+	for i, s := range snaps {
+		if !s.HasDiskSize {
+			s.DiskSize, s.HasDiskSize = uint64(img.size), true
+		}
+		if len(s.Extra) < snapshotExtraQemu {
+			s.Extra = append(append([]byte(nil), s.Extra...), make([]byte, snapshotExtraQemu-len(s.Extra))...)
+		}
+		s.Extra = s.encodeExtra(img.hdr.Version)
+		out[i] = s
+	}
+	return out
 }
 
 // CreateSnapshot makes an internal snapshot of the active layer, as
@@ -343,39 +365,56 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 		if err := sn.checkEncodable(); err != nil {
 			return err
 		}
-		// 1. Nothing in the active tables will be exclusively ours: clear
-		// the COPIED flags first. A crash now leaves flags clear on
-		// clusters with refcount 1, which only costs a needless copy
-		// (qemu-img check counts it, and -r all fixes it); the other
-		// order would leave flags set on shared clusters.
-		if err := img.clearCopiedLocked(); err != nil {
+		// 0. Refuse before changing anything what would fail midway.
+		if err := img.treeRefsFitLocked(img.l1, 1); err != nil {
 			return err
 		}
-		if err := img.flushExclusiveLocked(); err != nil {
-			return err
-		}
-		// 2. Count the new references, durably.
-		if err := img.addTreeRefsLocked(img.l1, 1); err != nil {
-			return err
-		}
-		if err := img.flushExclusiveLocked(); err != nil {
-			return err
-		}
-		// 3. The snapshot's copy of the L1 table.
-		l1Bytes := int64(len(img.l1)) * 8
-		if l1Bytes > 0 {
-			off, err := img.writeNewLocked("snapshot L1 table", encodeL1(img.l1, len(img.l1)))
-			if err != nil {
-				return err
+		if err := img.createSnapshotLocked(&sn); err != nil {
+			// Best effort: flags set again from the refcounts, so that
+			// a failure leaves at worst leaks, never COPIED errors.
+			if rerr := img.refreshCopiedLocked(); rerr == nil {
+				_ = img.flushExclusiveLocked()
 			}
-			sn.L1TableOffset = off
-		}
-		snaps := append(append([]Snapshot(nil), img.snapshots...), sn)
-		if err := img.writeSnapshotTableLocked(snaps); err != nil {
 			return err
 		}
-		return img.flushExclusiveLocked()
+		return nil
 	})
+}
+
+// createSnapshotLocked is CreateSnapshot's work inside exclusive.
+func (img *Image) createSnapshotLocked(sn *Snapshot) error {
+	// 1. Nothing in the active tables will be exclusively ours: clear
+	// the COPIED flags first. A crash now leaves flags clear on
+	// clusters with refcount 1, which only costs a needless copy
+	// (qemu-img check counts it, and -r all fixes it); the other
+	// order would leave flags set on shared clusters.
+	if err := img.clearCopiedLocked(); err != nil {
+		return err
+	}
+	if err := img.flushExclusiveLocked(); err != nil {
+		return err
+	}
+	// 2. Count the new references, durably.
+	if err := img.addTreeRefsLocked(img.l1, 1); err != nil {
+		return err
+	}
+	if err := img.flushExclusiveLocked(); err != nil {
+		return err
+	}
+	// 3. The snapshot's copy of the L1 table.
+	l1Bytes := int64(len(img.l1)) * 8
+	if l1Bytes > 0 {
+		off, err := img.writeNewLocked("snapshot L1 table", encodeL1(img.l1, len(img.l1)))
+		if err != nil {
+			return err
+		}
+		sn.L1TableOffset = off
+	}
+	snaps := append(append([]Snapshot(nil), img.snapshots...), *sn)
+	if err := img.writeSnapshotTableLocked(snaps); err != nil {
+		return err
+	}
+	return img.flushExclusiveLocked()
 }
 
 func (img *Image) nextSnapshotID() string {
@@ -407,6 +446,11 @@ func (img *Image) DeleteSnapshot(idOrName string) error {
 			return err
 		}
 		// The header no longer reaches the snapshot: drop its references.
+		// Refused before the first drop if one would fail, leaving the
+		// snapshot's clusters leaked, as QEMU leaves them.
+		if err := img.treeRefsFitLocked(l1, -1); err != nil {
+			return err
+		}
 		if err := img.addTreeRefsLocked(l1, -1); err != nil {
 			return err
 		}
@@ -446,6 +490,10 @@ func (img *Image) ApplySnapshot(idOrName string) error {
 		}
 		l1, err := img.readL1Exclusive(sn)
 		if err != nil {
+			return err
+		}
+		// Refuse before changing anything what would fail midway.
+		if err := img.treeRefsFitLocked(l1, 1); err != nil {
 			return err
 		}
 		// 0. The whole disk may change: enabled bitmaps are flagged

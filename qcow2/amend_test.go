@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -311,17 +312,27 @@ func TestAmendShrinkWithSnapshot(t *testing.T) {
 }
 
 // TestAmendUpgradeSnapshotTable upgrades a version 2 image whose snapshot
-// entry records no disk size (the engine writes none in version 2), which
-// version 3 requires: the table must be rewritten with it. The upgrade
-// reports progress as QEMU does: 0, 1 and 2 of 2.
+// entry records no disk size (older writers wrote none in version 2),
+// which version 3 requires: the table must be rewritten with it. The
+// upgrade reports progress as QEMU does: 0, 1 and 2 of 2.
 func TestAmendUpgradeSnapshotTable(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "a.qcow2")
 	runQemu(t, "qemu-img", "create", "-q", "-f", "qcow2", "-o", "compat=0.10", p, "16M")
-	img, err := Open(p, Options{})
+	runQemu(t, "qemu-img", "snapshot", "-c", "s1", p)
+	// Keep only the entry's first 8 bytes of extra data, the 64-bit VM
+	// state size; its ID and name move up.
+	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := img.CreateSnapshot("", "s1", 1, 2); err != nil {
+	off := binary.BigEndian.Uint64(b[64:])
+	binary.BigEndian.PutUint32(b[off+36:], 8)
+	copy(b[off+48:], b[off+64:off+67])
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	img, err := Open(p, Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if s := img.Snapshots()[0]; s.HasDiskSize {

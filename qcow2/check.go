@@ -151,8 +151,22 @@ func (k *checker) inc(off uint64, n int64) {
 		k.refs = append(k.refs, make([]uint64, last+1-uint64(len(k.refs)))...)
 	}
 	for i := first; i <= last; i++ {
-		k.refs[i]++
+		k.incCluster(i)
 	}
+}
+
+// incCluster counts one reference to cluster i. The count saturates at
+// the largest refcount the image's width holds, each reference past it a
+// corruption, as QEMU counts: a repair must never write a count that
+// wraps to a smaller one (0 would free a cluster in use).
+func (k *checker) incCluster(i uint64) {
+	if k.refs[i] >= k.img.maxRefcount() {
+		k.res.Corruptions++
+		k.res.msg("ERROR: overflow cluster offset=%#x", i*uint64(k.img.clusterSize))
+		k.res.msg("Use qemu-img amend to increase the refcount entry width or qemu-img convert to create a clean copy if the image cannot be opened for writing")
+		return
+	}
+	k.refs[i]++
 }
 
 // l1 counts one L1 table and the L2 tables and data it maps. active
@@ -350,7 +364,13 @@ func (k *checker) refblocks() error {
 			if !fixing {
 				continue
 			}
-			// QEMU refuses to check more than INT_MAX clusters.
+			// QEMU cannot grow the file past the largest int64, and
+			// refuses to check more than INT_MAX clusters.
+			if off > math.MaxInt64-cs {
+				k.rebuild = true
+				k.res.msg("ERROR could not resize image: Invalid argument")
+				continue
+			}
 			if c >= math.MaxInt32 {
 				k.rebuild = true
 				k.res.msg("ERROR could not resize image: File too large")
@@ -430,7 +450,9 @@ func (img *Image) calculateLocked(ctx context.Context, res *CheckResult, fix Rep
 		res.msg("ERROR bitmaps: %v", err)
 	}
 	for i, n := range bm.refs {
-		k.refs[i] += uint64(n)
+		for range n {
+			k.incCluster(uint64(i))
+		}
 	}
 	if err := k.refblocks(); err != nil {
 		return nil, err
@@ -468,6 +490,11 @@ func (l *liveRefcounts) block(i int64) (uint64, []byte, error) {
 	}
 	if buf, ok := l.blocks[off]; ok {
 		return off, buf, nil
+	}
+	// QEMU's block layer refuses a request past the largest int64 with
+	// EIO; short of that, bytes past the end of the file read as zeros.
+	if off > math.MaxInt64-uint64(img.clusterSize) {
+		return 0, nil, errIO
 	}
 	buf, err := img.readZeroFilled(off, img.clusterSize)
 	if err != nil {
@@ -819,12 +846,18 @@ type imrt struct{ refs []uint64 }
 // freed right after it.
 func (r *imrt) reserveOldBlocks(table []uint64, cs int64) {
 	for _, e := range table {
-		off := int64(e & refTableMask)
-		if off == 0 {
+		// Unsigned: a corrupt entry may name any offset, even past
+		// the largest int64.
+		c := (e & refTableMask) / uint64(cs)
+		if c == 0 {
 			continue
 		}
-		for c := off / cs; c <= (off+cs-1)/cs && c < int64(len(r.refs)); c++ {
+		if c < uint64(len(r.refs)) {
 			r.refs[c] = max(r.refs[c], 1)
+		}
+		// A misaligned block spans two clusters.
+		if e&refTableMask%uint64(cs) != 0 && c+1 < uint64(len(r.refs)) {
+			r.refs[c+1] = max(r.refs[c+1], 1)
 		}
 	}
 }

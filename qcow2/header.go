@@ -259,7 +259,8 @@ func parseHeader(buf []byte, fileSize int64, forCheck bool) (*Header, error) {
 	if rtBytes > maxRefcountTableBytes {
 		return nil, corruptf("header: refcount table of %d clusters exceeds %d bytes", h.RefcountTableClusters, maxRefcountTableBytes)
 	}
-	if h.RefcountTableClusters == 0 {
+	// QEMU opens such an image only for check, which rebuilds the table.
+	if h.RefcountTableClusters == 0 && !forCheck {
 		return nil, corruptf("header: refcount table has 0 clusters")
 	}
 	if err := checkTable("refcount table", h.RefcountTableOffset, rtBytes, cs, fileSize); err != nil {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
+	"syscall"
 )
 
 // Snapshot table layout (docs/interop/qcow2.rst, "Snapshots") and QEMU's
@@ -368,4 +370,60 @@ func (s *Snapshot) encodeExtra(version uint32) []byte {
 		be.PutUint64(extra[extraICount:], uint64(s.ICount))
 	}
 	return extra
+}
+
+// treeRefsFitLocked reports whether addTreeRefsLocked(l1, delta) (delta
+// 1 or -1) would succeed, before anything is changed, so that a snapshot
+// create, apply or delete fails leaving the image as it was (or, for a
+// delete, its clusters leaked). A count past the refcount width or below
+// zero is EINVAL, as QEMU's update_refcount fails. A referenced cluster no
+// refcount block covers can only come from a corrupt entry (its refcount
+// would be 0): counting it would create a block where the entry points,
+// growing the file by whatever the entry names, so it is refused with
+// QEMU's EAGAIN (QEMU allocates the block, leaks it and fails). Only
+// inside exclusive.
+func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) error {
+	adds := map[int64]uint64{}
+	for _, e := range l1 {
+		l2off := e & l1OffsetMask
+		if l2off == 0 {
+			continue
+		}
+		adds[int64(l2off>>img.clusterBits)]++
+		buf, err := img.readTableFile(l2off, img.clusterSize)
+		if err != nil {
+			return err
+		}
+		for j := int64(0); j < img.l2Entries; j++ {
+			for _, c := range img.entryClusters(img.readEntry(buf, j)) {
+				adds[c]++
+			}
+		}
+	}
+	clusters := make([]int64, 0, len(adds))
+	for c := range adds {
+		clusters = append(clusters, c)
+	}
+	slices.Sort(clusters)
+	for _, c := range clusters {
+		var blk *cacheEntry
+		err := img.retryExclusiveLocked(func() (err error) {
+			blk, err = img.refBlockLocked(c)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if blk == nil {
+			return fmt.Errorf("qcow2: cluster %#x is referenced but no refcount block covers it: %w", c*img.clusterSize, syscall.EAGAIN)
+		}
+		rc, n := getRefcount(blk.buf, c%img.rcPerBlock, img.rcBits), adds[c]
+		if delta > 0 && img.maxRefcount()-rc < n {
+			return fmt.Errorf("qcow2: refcount of cluster %#x would overflow %d bits: %w", c*img.clusterSize, img.rcBits, syscall.EINVAL)
+		}
+		if delta < 0 && rc < n {
+			return fmt.Errorf("qcow2: refcount of cluster %#x would drop below zero (is %d): %w", c*img.clusterSize, rc, syscall.EINVAL)
+		}
+	}
+	return nil
 }

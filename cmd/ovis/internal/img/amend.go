@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/qcow2"
@@ -106,6 +107,10 @@ func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error
 	filename := cfg.Filenames[0]
 	dev, err := openWritable(filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
+		return err
+	}
+	if err := repairDirty(dev, filename, stderr); err != nil {
+		dev.Close()
 		return err
 	}
 	err = amendDevice(ctx, dev, options, help, prog, stdout)
@@ -232,6 +237,28 @@ func printAmendHelp(w io.Writer, format string) error {
 			line += strings.Repeat(" ", 24-len(line))
 		}
 		fmt.Fprintf(w, "%s - %s\n", line, d.help)
+	}
+	return nil
+}
+
+// repairDirty repairs a qcow2 image left dirty (lazy refcounts, unclean
+// shutdown) as QEMU's qcow2_open does for a writable open: a check with
+// every repair, its messages printed on stderr, and the open failing if
+// the check could not finish.
+func repairDirty(dev block.Device, filename string, stderr io.Writer) error {
+	img, ok := dev.(*qcow2.Image)
+	if !ok || img.Header().IncompatibleFeatures&qcow2.IncompatDirty == 0 {
+		return nil
+	}
+	res, err := img.Check(qcow2.RepairAll)
+	if res != nil {
+		io.WriteString(stderr, checkLines(res.Messages))
+	}
+	if err == nil && res.CheckErrors != 0 {
+		err = syscall.EIO
+	}
+	if err != nil {
+		return fmt.Errorf("Could not open '%s': Could not repair dirty image: %s", filename, strerror(err))
 	}
 	return nil
 }

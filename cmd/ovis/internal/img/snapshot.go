@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/ovis-storage/ovis/qcow2"
@@ -96,6 +97,11 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 			name = name[:snapshotNameMax]
 		}
 		if err := img.CreateSnapshot("", name, uint32(t.Unix()), uint32(t.Nanosecond()/1000*1000)); err != nil {
+			// qemu-img prints the errno bdrv_snapshot_create returned.
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				return fmt.Errorf("Could not create snapshot '%s': %d (%s)", cfg.Name, -int(errno), strerror(errno))
+			}
 			return fmt.Errorf("Could not create snapshot '%s': %s", cfg.Name, strerror(err))
 		}
 	case SnapshotApply:
@@ -105,6 +111,10 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 		if err := img.ApplySnapshot(cfg.Name); err != nil {
 			if errors.Is(err, qcow2.ErrSnapshotNotFound) {
 				return fmt.Errorf("Could not apply snapshot '%s': Failed to load snapshot: No such file or directory", cfg.Name)
+			}
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				return fmt.Errorf("Could not apply snapshot '%s': Failed to load snapshot: %s", cfg.Name, strerror(errno))
 			}
 			return fmt.Errorf("Could not apply snapshot '%s': %s", cfg.Name, strerror(err))
 		}
@@ -123,6 +133,10 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 			return fmt.Errorf("Could not delete snapshot '%s': snapshot not found", cfg.Name)
 		}
 		if err := img.DeleteSnapshot(id); err != nil {
+			var errno syscall.Errno
+			if errors.As(err, &errno) {
+				return fmt.Errorf("Could not delete snapshot '%s': Failed to free the cluster and L1 table: %s", cfg.Name, strerror(errno))
+			}
 			return fmt.Errorf("Could not delete snapshot '%s': %s", cfg.Name, strerror(err))
 		}
 	}
