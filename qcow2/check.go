@@ -1017,6 +1017,14 @@ func (img *Image) checkCopiedLocked(ctx context.Context, res *CheckResult, fix R
 			}
 		}
 		if len(changed) > 0 {
+			// QEMU's overlap check: an L2 table a corrupt L1 entry
+			// places on other metadata is never written.
+			if what := img.overlapLocked(l2off, cs, "active L2 table"); what != "" {
+				img.signalCorruptionLocked(res, "Preventing invalid write on metadata (overlaps with %s)", what)
+				res.msg("ERROR: Could not write L2 table; metadata overlap check failed: Input/output error")
+				res.CheckErrors++
+				return img.stopCopied(fix, errIO)
+			}
 			img.forgetTableLocked(l2off)
 			if _, err := img.file.WriteAt(buf, int64(l2off)); err != nil {
 				res.msg("ERROR: Could not write L2 table: %v", err)
@@ -1034,6 +1042,59 @@ func (img *Image) checkCopiedLocked(ctx context.Context, res *CheckResult, fix R
 		}
 	}
 	return nil
+}
+
+// overlapLocked returns the name QEMU gives the metadata that a write of
+// [off, off+n) would overlap, other than the kind ign the write is meant
+// for, or "" (qcow2_check_metadata_overlap in QEMU's default "cached"
+// mode, which leaves out inactive L2 tables; ranges are whole clusters).
+func (img *Image) overlapLocked(off, n uint64, ign string) string {
+	cs := uint64(img.clusterSize)
+	start := off &^ (cs - 1)
+	end := (off + n + cs - 1) &^ (cs - 1)
+	hit := func(o, l uint64) bool { return l > 0 && o < end && start < o+l }
+	h := &img.hdr
+	if start < cs && ign != "qcow2_header" {
+		return "qcow2_header"
+	}
+	if ign != "active L1 table" && hit(h.L1TableOffset, uint64(len(img.l1))*8) {
+		return "active L1 table"
+	}
+	if ign != "refcount table" && hit(h.RefcountTableOffset, uint64(len(img.refTable))*8) {
+		return "refcount table"
+	}
+	if ign != "refcount block" {
+		for _, e := range img.refTable {
+			if o := e & refTableMask; o != 0 && hit(o, cs) {
+				return "refcount block"
+			}
+		}
+	}
+	snapLen := img.checkSnapSize
+	if !img.forCheck {
+		snapLen = snapshotTableLen(img.snapshots)
+	}
+	if ign != "snapshot table" && hit(h.SnapshotsOffset, uint64(max(snapLen, 0))) {
+		return "snapshot table"
+	}
+	if ign != "inactive L1 table" {
+		for _, sn := range img.snapshots {
+			if hit(sn.L1TableOffset, uint64(sn.L1Size)*8) {
+				return "inactive L1 table"
+			}
+		}
+	}
+	if ign != "bitmap directory" && h.Version >= 3 && h.AutoclearFeatures&AutoclearBitmaps != 0 {
+		for _, e := range h.Extensions {
+			if e.Type == extBitmaps && len(e.Data) >= 24 {
+				be := binary.BigEndian
+				if hit(be.Uint64(e.Data[16:]), be.Uint64(e.Data[8:])) {
+					return "bitmap directory"
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // stopCopied syncs the COPIED repairs made so far and returns err, the

@@ -538,3 +538,23 @@ func fuzzDamage(t *testing.T, rng *rand.Rand, path string) (what string, off int
 	}
 	return what, off, size, val
 }
+
+// TestReproCheckL2OverlapsMetadata: an L1 entry that places an L2 table on
+// the refcount table. check -r all must not write COPIED flags over the
+// refcount table (found by TestCheckRepairFuzzLikeQemu): QEMU's overlap
+// check refuses the write, marks the image corrupt and fails the check.
+func TestReproCheckL2OverlapsMetadata(t *testing.T) {
+	dir, q, o := twins(t, func(p string) {
+		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096,refcount_bits=1", p, "2M")
+		testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 8k", "write -q -P 0x22 512k 4k")
+		pokeBE(t, p, 0x3000, 8, 0x8000000000001000)
+	})
+	sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+	qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
+	if !oc.ok || oc.CheckErrors > qc.CheckErrors || oc.Corruptions > qc.Corruptions {
+		t.Errorf("qemu-img check after ovis's repair %+v, after qemu-img's %+v", oc, qc)
+	}
+	if peekBE(t, o, 0x1000, 8) != 0x2000 {
+		t.Errorf("refcount table entry 0 is %#x, want 0x2000", peekBE(t, o, 0x1000, 8))
+	}
+}
