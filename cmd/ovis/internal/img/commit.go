@@ -137,25 +137,17 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress, rate *rateLimiter) error {
 	size := top.Size()
 	if old := target.Size(); old < size {
-		// A base whose own backing file is longer than it would show
-		// that file's data in the grown range; QEMU's truncate zeroes
-		// it: the partial cluster at the old end with zeros written, the
-		// clusters past it with the zero flag, which version 2 lacks.
-		zero := false
+		// Growing a base over a longer backing file of its own zeroes
+		// the new range (the engine's ResizeContext does, as QEMU's
+		// truncate), which needs zero flags past the cluster holding
+		// the old end; version 2 has none, and QEMU's commit job fails.
 		if t, ok := target.(*qcow2.Image); ok && t.Backing() != nil && t.Backing().Size() > old {
-			h := t.Header()
-			if cs := h.ClusterSize(); h.Version < 3 && (old+cs-1)/cs*cs < size {
+			if h := t.Header(); h.Version < 3 && (old+h.ClusterSize()-1)/h.ClusterSize()*h.ClusterSize() < size {
 				return errors.New("Block job failed: Operation not supported")
 			}
-			zero = true
 		}
 		if err := growDevice(ctx, target, size); err != nil {
 			return err
-		}
-		if zero {
-			if err := target.WriteZeroes(old, target.Size()-old, false, false); err != nil {
-				return fmt.Errorf("Could not resize the base image: %s", strerror(err))
-			}
 		}
 	}
 	buf := make([]byte, copyChunk)
