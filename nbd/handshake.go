@@ -477,9 +477,13 @@ func parseMetaRequest(data []byte) (metaRequest, bool) {
 }
 
 // contextsOf lists the contexts export e offers, in id order: the two
-// fixed ones, then one qemu:dirty-bitmap context per bitmap.
+// fixed ones (qemu:allocation-depth unless e.NoAllocationDepth), then one
+// qemu:dirty-bitmap context per bitmap.
 func contextsOf(e *Export) []metaContext {
-	out := []metaContext{{id: idBaseAllocation, name: contextBaseAllocation}, {id: idAllocDepth, name: contextAllocDepth}}
+	out := []metaContext{{id: idBaseAllocation, name: contextBaseAllocation}}
+	if !e.NoAllocationDepth {
+		out = append(out, metaContext{id: idAllocDepth, name: contextAllocDepth})
+	}
 	for i := range e.Bitmaps {
 		out = append(out, metaContext{id: idFirstBitmap + uint32(i), name: contextDirtyBitmap + e.Bitmaps[i].Name, bitmap: &e.Bitmaps[i]})
 	}

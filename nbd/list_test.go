@@ -40,7 +40,8 @@ func listLikeQemu(t *testing.T, what, sock string) string {
 
 // TestListExportsSeveral: a server with several exports (names with
 // spaces and non-ASCII, descriptions, read-only, CAN_MULTI_CONN, dirty
-// bitmaps) lists as qemu-nbd -L lists it, over a unix socket.
+// bitmaps, one without qemu:allocation-depth) lists as qemu-nbd -L lists
+// it, over a unix socket.
 func TestListExportsSeveral(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -51,9 +52,15 @@ func TestListExportsSeveral(t *testing.T) {
 		{Name: "dégât", Description: "several connections", MultiConn: true, Device: openRaw(t, rawFile(t, dir, "c", 3<<20), false)},
 		{Name: "bitmaps", Device: openRaw(t, rawFile(t, dir, "d", 64<<10), false),
 			Bitmaps: []nbd.ExportBitmap{{Name: "b0", Extent: clean}, {Name: "b:1", Extent: clean}}},
+		{Name: "no depth", NoAllocationDepth: true, Device: openRaw(t, rawFile(t, dir, "e", 64<<10), false),
+			Bitmaps: []nbd.ExportBitmap{{Name: "b0", Extent: clean}}},
 	}})
-	got := listLikeQemu(t, "four exports", h.sock)
-	for _, want := range []string{"exports available: 4\n", " export: 'second one'\n  description: read-only, described\n",
+	got := listLikeQemu(t, "five exports", h.sock)
+	if !strings.HasSuffix(got, " export: 'no depth'\n  size:  65536\n  flags: 0xced ( flush fua trim zeroes df cache fast-zero )\n"+
+		"  min block: 1\n  opt block: 4096\n  max block: 33554432\n  available meta contexts: 2\n   base:allocation\n   qemu:dirty-bitmap:b0\n") {
+		t.Errorf("NoAllocationDepth export listed as\n%s", got)
+	}
+	for _, want := range []string{"exports available: 5\n", " export: 'second one'\n  description: read-only, described\n",
 		"flags: 0x48f ( readonly flush fua df cache )", "multi", "   qemu:dirty-bitmap:b:1\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("listing lacks %q:\n%s", want, got)

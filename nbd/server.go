@@ -50,6 +50,9 @@ type Export struct {
 	// Bitmaps are dirty bitmaps offered as the metadata contexts
 	// "qemu:dirty-bitmap:NAME" (qemu-nbd -B), in this order.
 	Bitmaps []ExportBitmap
+	// NoAllocationDepth leaves the qemu:allocation-depth context out, as
+	// qemu-nbd does without -A. The default (false) offers it.
+	NoAllocationDepth bool
 }
 
 // ExportBitmap is a dirty bitmap of an export's device.

@@ -24,7 +24,7 @@ func newNBDCmd() *cobra.Command {
 	var (
 		shared, cache, discard, detectZeroes   string
 		l2Size, l2EntrySize, rcSize, cacheSize string
-		noCache, allocDepth, fork, verbose     bool
+		noCache, fork, verbose                 bool
 		imageOpts                              bool
 		logLevel, tlsCreds                     string
 		list                                   bool
@@ -156,7 +156,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cache, "cache", block.CacheWriteback.String(), "cache mode: writeback, writethrough, none, directsync or unsafe")
 	f.StringVar(&discard, "discard", "ignore", "discard mode: ignore (TRIM does nothing) or unmap")
 	f.StringVar(&detectZeroes, "detect-zeroes", "off", "turn all-zero writes into zero writes: off, on or unmap (needs --discard=unmap)")
-	f.BoolVarP(&allocDepth, "allocation-depth", "A", false, "expose qemu:allocation-depth (always on in ovis)")
+	f.BoolVarP(&cfg.AllocationDepth, "allocation-depth", "A", false, "expose the allocation depth (the qemu:allocation-depth metadata context)")
 	f.BoolVarP(&list, "list", "L", false, "list exports available from another NBD server (at -k, or -b and -p), as qemu-nbd -L")
 	f.StringVar(&tlsCreds, "tls-creds", "", "qemu-nbd's TLS object (ovis has no --object: refused; serve TLS with --tls-cert)")
 	f.BoolVar(&fork, "fork", false, "fork off the server process and exit once it is serving")

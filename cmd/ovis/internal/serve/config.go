@@ -164,6 +164,10 @@ type Config struct {
 	// Bitmaps are persistent dirty bitmaps of File to offer as the
 	// metadata contexts qemu:dirty-bitmap:NAME (-B).
 	Bitmaps []string
+	// AllocationDepth offers the metadata context qemu:allocation-depth
+	// (-A). The default (false) offers base:allocation and the bitmaps
+	// only, as qemu-nbd does.
+	AllocationDepth bool
 
 	// Cache is QEMU's cache mode (--cache, -n): host page cache or
 	// O_DIRECT, and whether writes are FUA. The default is writeback.

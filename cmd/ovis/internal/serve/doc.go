@@ -33,8 +33,7 @@
 //     for ovis devices: every connection shares one block.Device, whose
 //     Flush and FUA writes cover the writes made through all of them.
 //
-// Differences from qemu-nbd: qemu:allocation-depth is always offered
-// (ovis nbd accepts -A and ignores it); TLS takes PEM files (--tls-cert,
+// Differences from qemu-nbd: TLS takes PEM files (--tls-cert,
 // --tls-key, --tls-ca) instead of --object tls-creds-x509; only a socket
 // file is removed from the -k path before binding (qemu-nbd removes any
 // file); --idle-timeout (none by default) closes idle connections, which

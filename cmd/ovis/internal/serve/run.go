@@ -105,6 +105,8 @@ func Run(ctx context.Context, c Config) error {
 			ReadOnly:    c.ReadOnly || c.LoadSnapshot != "",
 			MultiConn:   c.multiConn(),
 			Bitmaps:     bitmaps,
+
+			NoAllocationDepth: !c.AllocationDepth,
 		}},
 		TLS:            tlsCfg,
 		ClientCAs:      clientCAs,

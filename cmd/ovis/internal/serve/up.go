@@ -60,6 +60,7 @@ func Up(ctx context.Context, cfg UpConfig, w io.Writer) error {
 		Bind:               host,
 		Port:               port,
 		ExportName:         UpExport,
+		AllocationDepth:    true,
 		Persistent:         true,
 		Shared:             0,
 		Cache:              block.CacheWriteback,
