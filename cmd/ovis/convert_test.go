@@ -242,8 +242,8 @@ func TestConvertSparseTiB(t *testing.T) {
 		if elapsed > 60*time.Second {
 			t.Errorf("converting 1 TiB with 2 MiB of data took %v", elapsed)
 		}
-		if args[1] == "-p" && !strings.Contains(r.stderr, "100%") {
-			t.Errorf("-p drew no finished progress bar: %q", r.stderr)
+		if args[1] == "-p" && !strings.HasSuffix(r.stdout, "    (100.00/100%)\r\n") {
+			t.Errorf("-p printed no finished progress: %q", r.stdout)
 		}
 		checkConverted(t, dir, "big.qcow2", out)
 	}

@@ -1,10 +1,24 @@
 package main
 
 import (
+	"io"
+	"os"
+
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 )
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
 
 func newImgConvertCmd() *cobra.Command {
 	var (
@@ -48,6 +62,7 @@ func newImgConvertCmd() *cobra.Command {
 			cfg.BackingFileSet = cmd.Flags().Changed("backing")
 			cfg.BackingFormatSet = cmd.Flags().Changed("backing-format")
 			cfg.ProgressTo = cmd.ErrOrStderr()
+			cfg.ProgressTerminal = isTerminal(cmd.OutOrStdout())
 			return img.Convert(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}

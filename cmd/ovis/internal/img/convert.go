@@ -44,6 +44,10 @@ type ConvertConfig struct {
 	// where the warnings of Salvage go too.
 	Progress   bool
 	ProgressTo io.Writer
+	// ProgressTerminal says stdout is a terminal: -p then draws a bar on
+	// ProgressTo. Otherwise it prints qemu-img's "    (12.34/100%)\r"
+	// lines on stdout, which the programs that drive qemu-img parse.
+	ProgressTerminal bool
 	// Quiet (-q) draws no progress bar and prints no warnings.
 	Quiet bool
 	// Salvage (--salvage) reads what can be read: a range that fails to
@@ -119,7 +123,7 @@ const (
 // qemu-img convert does. The output is sparse: ranges the source reports
 // as zero are not written to a fresh output, nor are all-zero runs of at
 // least SparseSize bytes inside data. stdout receives -o help.
-func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
+func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err error) {
 	minSparse, workers, err := convertLimits(cfg)
 	if err != nil {
 		return err
@@ -151,18 +155,31 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 	if len(cfg.Sources) == 0 || cfg.Dest == "" {
 		return errors.New("Must specify image file name")
 	}
-	if _, ok := formatOpts(cfg.SourceFormat); !ok && cfg.SourceFormat != "" {
-		return fmt.Errorf("Could not open '%s': Unknown driver '%s'", cfg.Sources[0], cfg.SourceFormat)
-	}
 	cache, srcCache := block.CacheUnsafe, block.CacheWriteback
-	if cfg.Cache != "" {
-		if cache, err = block.ParseCacheMode(cfg.Cache); err != nil {
-			return fmt.Errorf("Invalid cache option: %s", cfg.Cache)
-		}
-	}
 	if cfg.SourceCache != "" {
 		if srcCache, err = block.ParseCacheMode(cfg.SourceCache); err != nil {
 			return fmt.Errorf("Invalid source cache option: %s", cfg.SourceCache)
+		}
+	}
+	// qemu-img starts its progress here: what fails from now on still
+	// prints the first line and the newline, success also the last line.
+	var qprog *qemuProgress
+	if cfg.Progress && !cfg.Quiet && !cfg.ProgressTerminal {
+		qprog = newQemuProgress(true, stdout, 1)
+		qprog.print(0, 100)
+		defer func() {
+			if ee := (*ExitError)(nil); err == nil || errors.As(err, &ee) && ee.Code == 0 {
+				qprog.print(100, 0)
+			}
+			qprog.end()
+		}()
+	}
+	if _, ok := formatOpts(cfg.SourceFormat); !ok && cfg.SourceFormat != "" {
+		return fmt.Errorf("Could not open '%s': Unknown driver '%s'", cfg.Sources[0], cfg.SourceFormat)
+	}
+	if cfg.Cache != "" {
+		if cache, err = block.ParseCacheMode(cfg.Cache); err != nil {
+			return fmt.Errorf("Invalid cache option: %s", cfg.Cache)
 		}
 	}
 	src, err := openSources(cfg, srcCache)
@@ -214,6 +231,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) error {
 		salvage:     cfg.Salvage,
 		copyRange:   cfg.CopyRange,
 		rate:        newRateLimiter(rate),
+		qprog:       qprog,
 	}
 	if !cfg.Quiet {
 		c.warn = cfg.ProgressTo
@@ -466,7 +484,7 @@ func runCopy(ctx context.Context, c *copier, cfg ConvertConfig) error {
 	if progressTo == nil {
 		progressTo = os.Stderr
 	}
-	if cfg.Progress && !cfg.Quiet {
+	if cfg.Progress && !cfg.Quiet && c.qprog == nil {
 		c.bar = newProgressBar(c.src.Size(), progressTo)
 	}
 	err := c.run(ctx)

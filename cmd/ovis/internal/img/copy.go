@@ -45,6 +45,16 @@ type copier struct {
 	// bar is the progress bar, nil without -p. Add64 is safe for
 	// concurrent use.
 	bar *progressbar.ProgressBar
+	// qprog prints qemu-img's "    (12.34/100%)" lines instead (-p when
+	// stdout is no terminal), computed as qemu-img computes them: the
+	// share of the data (the sectors qemu-img reads, or with -S 0 also
+	// zeroes) handed out so far, a step per buffer (2 MiB, or one cluster
+	// with -c) from the start of each data extent. dataTotal is counted
+	// by a first walk of the extents, as qemu-img counts it; dataDone and
+	// qnext (where the next buffer starts) belong to the producer.
+	qprog           *qemuProgress
+	dataTotal       int64
+	dataDone, qnext int64
 	// ordered makes the writes one at a time in job order (qemu-img
 	// convert without -W): workers hand their writes to one writer
 	// goroutine, which keeps the next ones waiting until their turn.
@@ -302,6 +312,23 @@ func (c *copier) classify(e block.Extent) kind {
 // every job covers whole clusters: a cluster that is not uniformly zero or
 // skipped is data, read whole and written compressed.
 func (c *copier) produce(ctx context.Context, jobs chan<- job) error {
+	if c.qprog != nil {
+		// qemu-img's first pass: the data sectors, for the percentage.
+		err := c.walk(ctx, func(k kind, off, end int64) error {
+			if k == kindData {
+				c.dataTotal += (end - off + 511) / 512
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return c.walk(ctx, func(k kind, off, end int64) error { return c.emit(ctx, jobs, k, off, end) })
+}
+
+// walk calls fn on the ranges of the source in order, classified.
+func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error) error {
 	size := c.src.Size()
 	// ask is how far each Extent call looks: the engine maps the whole
 	// range it is given (up to a few hundred runs) even though only the
@@ -330,6 +357,9 @@ func (c *copier) produce(ctx context.Context, jobs chan<- job) error {
 		}
 		end := min(off+e.Length, size)
 		k := c.classify(e)
+		if k == kindData && c.qprog != nil {
+			end = c.hostRun(off, end)
+		}
 		if cs := c.clusterSize; c.compressed != nil {
 			// off is cluster aligned here.
 			if k != kindData && (end == size || end-off >= cs) {
@@ -341,12 +371,48 @@ func (c *copier) produce(ctx context.Context, jobs chan<- job) error {
 				end = min((end+cs-1)/cs*cs, size)
 			}
 		}
-		if err := c.emit(ctx, jobs, k, off, end); err != nil {
+		if err := fn(k, off, end); err != nil {
 			return err
 		}
 		off = end
 	}
 	return nil
+}
+
+// hostRun cuts the data range [off, end) of a qcow2 source where QEMU's
+// block status cuts it, so that the progress steps fall where qemu-img's
+// do: where the clusters stop being contiguous in the host file, and
+// after each compressed cluster.
+func (c *copier) hostRun(off, end int64) int64 {
+	img, ok := c.src.(*qcow2.Image)
+	if !ok {
+		return end
+	}
+	m, err := img.MapAt(off, end-off)
+	if err != nil || m.Length <= 0 {
+		return end
+	}
+	if m.Data && m.Offset < 0 {
+		cs := img.ClusterSize()
+		return min(end, (off/cs+1)*cs)
+	}
+	return min(end, off+m.Length)
+}
+
+// qemuStep prints the qemu-img progress lines of the data buffers that
+// start in [c.qnext, upto) of the data range ending at end, as qemu-img
+// prints one when it hands a buffer to a coroutine.
+func (c *copier) qemuStep(upto, end int64) {
+	step := int64(copyChunk)
+	if c.compressed != nil {
+		step = c.clusterSize
+	}
+	for c.qnext < upto && c.qnext < end {
+		n := min(step, end-c.qnext)
+		c.dataDone += (n + 511) / 512
+		c.qnext += n
+		c.qprog.print(float32(100*float64(c.dataDone)/float64(c.dataTotal)), 0)
+	}
 }
 
 // emit queues [off, end) as jobs of at most one chunk each.
@@ -356,6 +422,7 @@ func (c *copier) emit(ctx context.Context, jobs chan<- job, k kind, off, end int
 		return nil
 	}
 	chunk := int64(zeroChunk)
+	c.qnext = off
 	if k == kindData {
 		chunk = copyChunk
 		if c.compressed != nil {
@@ -365,6 +432,9 @@ func (c *copier) emit(ctx context.Context, jobs chan<- job, k kind, off, end int
 	for off < end {
 		// Cut at multiples of chunk so that requests stay aligned.
 		n := min(end-off, chunk-off%chunk)
+		if k == kindData && c.qprog != nil {
+			c.qemuStep(off+n, end)
+		}
 		select {
 		case jobs <- job{k, off, n, c.seq}:
 		case <-ctx.Done():
