@@ -174,7 +174,9 @@ func (r *Raw) Discard(off, n int64) error {
 // shared.
 func (r *Raw) zeroLocked(off, n int64, mayUnmap bool) error {
 	if r.fd >= 0 {
-		modes := []uint32{unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE}
+		// ZERO_RANGE without KEEP_SIZE, as QEMU: zeroing the partial
+		// sector past the end of the file (RoundUpToSector) grows it.
+		modes := []uint32{unix.FALLOC_FL_ZERO_RANGE}
 		if mayUnmap {
 			modes = append([]uint32{unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE}, modes...)
 		}

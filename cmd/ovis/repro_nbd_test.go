@@ -364,9 +364,9 @@ func TestReproNBDListLikeQemu(t *testing.T) {
 // of 512 is exported in whole sectors, as qemu-nbd exports it, so that
 // `qemu-img map` over NBD and `nbdinfo --map` show the partial last sector
 // as qemu-nbd's do (with its offset), data or hole; qcow2 images with a
-// partial last cluster too. Writes into the partial sector grow the file
-// as under qemu-nbd, and with -n a writable unaligned raw image is refused
-// in qemu-nbd's words.
+// partial last cluster too. Writes and zero writes into the partial sector
+// grow the file as under qemu-nbd (a discard does not), and with -n a
+// writable unaligned raw image is refused in qemu-nbd's words.
 func TestReproNBDMapUnalignedTail(t *testing.T) {
 	t.Parallel()
 	src := t.TempDir()
@@ -429,27 +429,44 @@ func TestReproNBDMapUnalignedTail(t *testing.T) {
 		}
 	}
 
-	// Writes into the partial sector, then the map and the file.
+	// Writes and zero writes into the partial sector, then the map and
+	// the file.
 	for _, size := range []int64{4097, 1<<20 + 1} {
-		var got [2]string
-		for i, srv := range servers {
-			dir := t.TempDir()
-			p := filepath.Join(dir, "t.raw")
-			os.WriteFile(p, nil, 0o644)
-			os.Truncate(p, size)
-			listen, uri := peerAddr(t, false)
-			s := startPeer(t, binOf(srv), dir, listen, uri, "-t", "-f", "raw", "t.raw")
-			runTool(t, "qemu-io", "-f", "raw", "-c", fmt.Sprintf("write -P 7 %d 8", size+2), "-c", fmt.Sprintf("read -P 0 %d 2", size), uri)
-			m := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", uri)
-			s.stop()
-			st, err := os.Stat(p)
-			if err != nil {
-				t.Fatal(err)
+		sector := size &^ 511
+		for _, w := range []struct {
+			discard string
+			cmds    []string
+		}{
+			{"ignore", []string{fmt.Sprintf("write -P 7 %d 8", size+2), fmt.Sprintf("read -P 0 %d 2", size)}},
+			{"ignore", []string{fmt.Sprintf("write -z %d 512", sector)}},
+			{"unmap", []string{fmt.Sprintf("write -z %d 512", sector)}},
+			{"unmap", []string{fmt.Sprintf("write -z -u %d 512", sector)}},
+			{"unmap", []string{fmt.Sprintf("discard %d 512", sector)}},
+		} {
+			var got [2]string
+			for i, srv := range servers {
+				dir := t.TempDir()
+				p := filepath.Join(dir, "t.raw")
+				os.WriteFile(p, nil, 0o644)
+				os.Truncate(p, size)
+				listen, uri := peerAddr(t, false)
+				s := startPeer(t, binOf(srv), dir, listen, uri, "-t", "--discard", w.discard, "-f", "raw", "t.raw")
+				args := []string{"-f", "raw"}
+				for _, c := range w.cmds {
+					args = append(args, "-c", c)
+				}
+				runTool(t, "qemu-io", append(args, uri)...)
+				m := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", uri)
+				s.stop()
+				st, err := os.Stat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got[i] = fmt.Sprintf("%s file size %d", m, st.Size())
 			}
-			got[i] = fmt.Sprintf("%s file size %d", m, st.Size())
-		}
-		if got[0] != got[1] {
-			t.Errorf("write into the partial sector of %d bytes:\nqemu-nbd: %s\n    ovis: %s", size, got[0], got[1])
+			if got[0] != got[1] {
+				t.Errorf("%q (--discard %s) into the partial sector of %d bytes:\nqemu-nbd: %s\n    ovis: %s", w.cmds, w.discard, size, got[0], got[1])
+			}
 		}
 	}
 
