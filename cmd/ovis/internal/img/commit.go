@@ -67,6 +67,12 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
 	emptied, err := commit(ctx, dev, cfg, prog, newRateLimiter(rate))
+	var hold block.File
+	if err == nil && !cfg.Drop && !emptied {
+		// makeEmpty rebuilds the closed file; a second holder of the
+		// image's locks keeps other processes out until it is done.
+		hold, err = holdImageLock(cfg.Filename)
+	}
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -74,6 +80,9 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 		if err = makeEmpty(cfg.Filename); err != nil {
 			err = fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
 		}
+	}
+	if hold != nil {
+		hold.Close()
 	}
 	prog.end()
 	if err != nil {
@@ -83,6 +92,23 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 		io.WriteString(stdout, "Image committed.\n")
 	}
 	return nil
+}
+
+// holdImageLock opens path and takes the locks of a qcow2 image open for
+// writing. Within the process the holders of a file share its locks, so
+// this succeeds while the image is open here, and keeps holding them
+// once it is closed.
+func holdImageLock(path string) (block.File, error) {
+	f, err := block.OpenFile(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
+	}
+	rw := block.PermConsistentRead | block.PermWrite | block.PermResize
+	if err := block.LockFile(f, path, rw, block.PermWrite|block.PermResize); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
+	}
+	return f, nil
 }
 
 // commit commits dev into its base and, unless cfg.Drop, empties dev when

@@ -66,14 +66,27 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 	if !cfg.Unsafe {
 		err = rebaseCopy(ctx, dev, cfg, prog)
 	}
+	if err == nil {
+		// While the image is still open, and so locked: no other
+		// process can open it between the copy and the header change.
+		err = changeBacking(dev, cfg)
+	}
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
 		return err
 	}
+	prog.print(100, 0)
+	return nil
+}
+
+// changeBacking names the new backing file in the header of the open
+// image, once what rebaseCopy wrote is durable.
+func changeBacking(dev block.Device, cfg RebaseConfig) error {
 	name := cfg.Backing
-	if _, ok := dev.(*qcow2.Image); !ok {
+	img, ok := dev.(*qcow2.Image)
+	if !ok {
 		return fmt.Errorf("Could not change the backing file to '%s': Operation not supported", name)
 	}
 	if name != "" && cfg.BackingFormat == "" {
@@ -83,14 +96,32 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 	if name == "" {
 		format = ""
 	}
-	if err := setBacking(cfg.Filename, name, format); err != nil {
+	if err := img.Flush(); err != nil {
+		return err
+	}
+	if err := setBackingOpen(img, name, format); err != nil {
 		if errors.Is(err, errNoHeaderRoom) {
 			return fmt.Errorf("Could not change the backing file to '%s': No space left in the file header", name)
 		}
 		return fmt.Errorf("Could not change the backing file to '%s': %s", name, strerror(err))
 	}
-	prog.print(100, 0)
 	return nil
+}
+
+// setBackingOpen is setBacking on an open image, with its refusals.
+func setBackingOpen(img *qcow2.Image, name, format string) error {
+	if name != "" && len(name) > 1023 {
+		return fmt.Errorf("backing file name of %d bytes: %w", len(name), errors.ErrUnsupported)
+	}
+	h := img.Header()
+	if name != "" && h.DataFileRaw() {
+		return errors.New("Invalid argument")
+	}
+	h.BackingFile, h.BackingFormat = name, format
+	if _, err := h.Encode(); err != nil {
+		return errNoHeaderRoom
+	}
+	return img.SetBacking(name, format)
 }
 
 // rebaseCopy is the safe part of rebase: it copies into dev what would
