@@ -181,7 +181,7 @@ func writeLayout(f block.File, h *Header) error {
 // QEMU allocates them to hide it. An external data file is extended to
 // the new size instead. It stops between runs once ctx is done.
 func (img *Image) preallocate(ctx context.Context, mode string, from int64, zeroNew bool) error {
-	fresh, err := img.preallocOldEnd(mode, from, zeroNew)
+	hostEnd, err := img.preallocOldEnd(mode, from, zeroNew)
 	if err != nil {
 		return err
 	}
@@ -190,10 +190,7 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 	var end uint64
 	type run struct{ off, n int64 }
 	var runs []run
-	if fresh >= 0 {
-		end = uint64(fresh + img.clusterSize)
-		runs = append(runs, run{fresh, img.clusterSize})
-	}
+	end = uint64(hostEnd)
 	for c := (from + img.clusterSize - 1) >> img.clusterBits; c < n; {
 		if ctx.Err() != nil {
 			break // still extend the file below: the mapped runs lie past its end
@@ -238,8 +235,15 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 		return err
 	}
 	if img.hasDataFile {
-		// QEMU's preallocate_co: metadata only maps the data file, whose
-		// added range falloc and full reserve.
+		if tail := img.size & (img.clusterSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil {
+			// QEMU's copy-on-write fills the newly mapped last cluster
+			// past the end with zeros, which extends the data file.
+			if _, err := img.data.WriteAt(make([]byte, img.clusterSize-tail), img.size); err != nil {
+				return fmt.Errorf("qcow2: writing the data file: %w", err)
+			}
+		}
+		// QEMU's preallocate_co: metadata only maps the data file; falloc
+		// and full reserve what it lacks up to the new end.
 		dataMode := mode
 		if dataMode == PreallocMetadata {
 			dataMode = PreallocOff

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -61,6 +62,23 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 			// the image as it was.
 			return errZeroNewClusters
 		}
+		if zeroNew && img.extL2 && prealloc == PreallocOff {
+			// QEMU cannot zero some subclusters of a compressed cluster.
+			zs := alignUp(old, img.subSize)
+			if zs < size && zs&(img.clusterSize-1) != 0 {
+				var m mapping
+				err := img.retryExclusiveLocked(func() (err error) {
+					m, err = img.lookupLocked(old >> img.clusterBits)
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				if m.entry&flagCompressed != 0 {
+					return errZeroNewClusters
+				}
+			}
+		}
 		storeBitmaps, err := img.resizeBitmapsLocked(size)
 		if err != nil {
 			return err
@@ -90,9 +108,9 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 			return err
 		}
 	} else if img.hasDataFile {
-		// QEMU truncates the data file to the new size.
-		if err := img.growDataFile(size, PreallocOff); err != nil {
-			return err
+		// QEMU truncates the data file to the new size, exactly.
+		if err := img.data.Truncate(size); err != nil {
+			return fmt.Errorf("qcow2: resizing the data file: %w", err)
 		}
 	}
 	if zeroNew && img.zeroStepNeeded(prealloc) {
@@ -153,9 +171,6 @@ func (img *Image) growDataFile(size int64, mode string) error {
 		return err
 	}
 	if size <= cur {
-		if mode == PreallocOff && size < cur {
-			return img.data.Truncate(size)
-		}
 		return nil
 	}
 	if err := img.data.Truncate(size); err != nil {
@@ -196,19 +211,18 @@ func (img *Image) reserveHost(mode string, off, n int64) error {
 
 // preallocOldEnd allocates the cluster holding an unaligned old end from
 // as QEMU's preallocation does, since its range starts at the old end and
-// not at the next cluster. Without extended L2, the cluster is written
-// from from on (its head copied from where it read before, the backing
-// file included) unless metadata finds it allocated already; falloc and
-// full always start the rest of the cluster afresh, as QEMU's fresh
-// cluster with the head copied does. With extended L2, QEMU's
-// preallocation leaves the subcluster bitmap alone: the cluster only gets
-// a host cluster, except when falloc or full must hide a backing file
-// (zeroNew), where every subcluster is allocated. It returns the host
-// offset of a cluster it allocated without writing it, or -1.
-func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (fresh int64, err error) {
+// not at the next cluster. Without extended L2, the cluster moves to a
+// fresh host cluster holding only its head (copied from where it read
+// before, the backing file included) unless metadata finds it allocated
+// already; falloc and full always start it afresh. With extended L2,
+// QEMU's preallocation leaves the subcluster bitmap alone: the cluster
+// only gets a host cluster of its own, except when falloc or full must
+// hide a backing file (zeroNew), where every subcluster is allocated. It
+// returns the end of a fresh host cluster it placed, or 0.
+func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd int64, err error) {
 	in := from & (img.clusterSize - 1)
 	if in == 0 {
-		return -1, nil
+		return 0, nil
 	}
 	c := from >> img.clusterBits
 	start := c << img.clusterBits
@@ -219,31 +233,36 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (fresh i
 		m, err = img.lookupLocked(c)
 		return err
 	}); err != nil {
-		return -1, err
+		return 0, err
 	}
 	_, hasHost := img.host(m)
 	owned := hasHost && m.entry&flagCopied != 0 && m.entry&flagCompressed == 0
-	zeroTail := func() error {
-		_, err := img.WriteAt(make([]byte, end-from), from, false)
-		return err
-	}
 	if !img.extL2 {
 		if owned && !anew {
-			return -1, nil
+			return 0, nil
 		}
-		return -1, zeroTail()
+		return img.freshOldEnd(c, in, mode)
+	}
+	if hasHost && m.entry&flagCompressed == 0 && m.entry&flagCopied == 0 && !(anew && zeroNew) {
+		// Shared with a snapshot: the active layer gets its own copy with
+		// the same bitmap, as QEMU's copy-on-write of the allocation.
+		nm, err := img.copyClusterAway(c, m)
+		if err != nil {
+			return 0, err
+		}
+		m, owned = nm, true
 	}
 	switch {
 	case anew && zeroNew:
 		buf := make([]byte, end-start)
 		if _, err := img.ReadAt(buf[:in], start); err != nil {
-			return -1, err
+			return 0, err
 		}
 		_, err := img.WriteAt(buf, start, false)
-		return -1, err
+		return 0, err
 	case owned:
 		if !anew {
-			return -1, nil
+			return 0, nil
 		}
 		// The fresh cluster's tail reads zeros where a subcluster was
 		// allocated (data left from before a shrink).
@@ -255,36 +274,123 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (fresh i
 				continue
 			}
 			if _, err := img.writeHost(img.data, make([]byte, e-s), int64(h)+s-start-i*img.subSize); err != nil {
-				return -1, fmt.Errorf("qcow2: zeroing the tail of the last cluster: %w", err)
+				return 0, fmt.Errorf("qcow2: zeroing the tail of the last cluster: %w", err)
 			}
 		}
-		return -1, nil
+		return 0, nil
 	case m.entry&flagCompressed == 0 && !hasHost:
 		// Only a host cluster: the bitmap (zero or unallocated
 		// subclusters) stays.
-		fresh = -1
-		err := img.withMetadata(func() error {
-			// The table first: a load retries this function, which must
-			// not allocate twice.
-			e, idx, err := img.writableL2Locked(c)
-			if err != nil || img.readEntry(e.buf, idx) != m {
-				return err
-			}
-			host := uint64(start)
-			if !img.hasDataFile {
-				if host, err = img.allocClusterLocked(); err != nil {
-					return err
-				}
-				fresh = int64(host)
-			}
-			img.writeEntry(e.buf, idx, mapping{entry: host | flagCopied, bitmap: m.bitmap &^ uint64(1<<img.nsub-1)})
-			img.l2.markDirtyLocked(e)
-			return nil
+		host, err := img.freshHost(start, mode)
+		if err != nil {
+			return 0, err
+		}
+		err = img.withMetadata(func() error {
+			return img.setEntryLocked(c, mapping{entry: host | flagCopied, bitmap: m.bitmap &^ uint64(1<<img.nsub-1)}, false)
 		})
-		return fresh, err
+		if err != nil || img.hasDataFile {
+			return 0, err
+		}
+		return int64(host) + img.clusterSize, nil
 	}
-	// Compressed, or shared with a snapshot: copy it away.
-	return -1, zeroTail()
+	// Compressed: QEMU drops the data here (the bitmap of a compressed
+	// entry allocates nothing); ovis keeps it, written out whole.
+	_, err = img.WriteAt(make([]byte, end-from), from, false)
+	return 0, err
+}
+
+// freshHost allocates the host cluster for guest offset start (in a data
+// file, the same offset) and gives it its host space as mode asks: a
+// cluster reused from inside the file is zeroed, as a fresh one past the
+// end reads.
+func (img *Image) freshHost(start int64, mode string) (uint64, error) {
+	if img.hasDataFile {
+		return uint64(start), nil
+	}
+	var host uint64
+	allocated := false
+	err := img.withMetadata(func() (err error) {
+		if !allocated {
+			host, err = img.allocClusterLocked()
+			allocated = err == nil
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	fileSize, err := img.data.Size()
+	if err != nil {
+		return 0, err
+	}
+	if z := min(int64(host)+img.clusterSize, fileSize) - int64(host); z > 0 && mode != PreallocFull {
+		if _, err := img.writeHost(img.data, make([]byte, z), int64(host)); err != nil {
+			return 0, fmt.Errorf("qcow2: zeroing a reused cluster at %#x: %w", host, err)
+		}
+	}
+	if mode == PreallocFalloc || mode == PreallocFull {
+		if err := img.reserveHost(mode, int64(host), img.clusterSize); err != nil {
+			return 0, err
+		}
+	}
+	return host, nil
+}
+
+// freshOldEnd moves guest cluster c, holding the old end at in, to a
+// fresh host cluster that gets only the head [0, in) as it read before
+// (the backing file, compressed or shared data, zeros) and zeros past
+// the image's end, as QEMU's allocation copies on write; the rest stays
+// fresh. It returns the end of the host cluster, 0 in a data file.
+func (img *Image) freshOldEnd(c, in int64, mode string) (int64, error) {
+	start := c << img.clusterBits
+	head := make([]byte, in)
+	if _, err := img.ReadAt(head, start); err != nil {
+		return 0, err
+	}
+	host, err := img.freshHost(start, mode)
+	if err != nil {
+		return 0, err
+	}
+	if tail := img.size - start; tail < img.clusterSize {
+		if _, err := img.writeHost(img.data, make([]byte, img.clusterSize-tail), int64(host)+tail); err != nil {
+			return 0, fmt.Errorf("qcow2: writing the last cluster at %#x: %w", host, err)
+		}
+	}
+	if _, err := img.writeHost(img.data, head, int64(host)); err != nil {
+		return 0, fmt.Errorf("qcow2: writing the last cluster at %#x: %w", host, err)
+	}
+	err = img.withMetadata(func() error { return img.setEntryLocked(c, mapping{entry: host | flagCopied}, true) })
+	if err != nil || img.hasDataFile {
+		return 0, err
+	}
+	return int64(host) + img.clusterSize, nil
+}
+
+// copyClusterAway gives guest cluster c, mapped by m to a host cluster
+// shared with a snapshot, a copy of its own, keeping the bitmap.
+func (img *Image) copyClusterAway(c int64, m mapping) (mapping, error) {
+	h, _ := img.host(m)
+	buf := make([]byte, img.clusterSize)
+	if _, err := img.data.ReadAt(buf, int64(h)); err != nil && !errors.Is(err, io.EOF) {
+		return mapping{}, fmt.Errorf("qcow2: reading the cluster at %#x: %w", h, err)
+	}
+	var host uint64
+	allocated := false
+	err := img.withMetadata(func() (err error) {
+		if !allocated {
+			host, err = img.allocClusterLocked()
+			allocated = err == nil
+		}
+		return err
+	})
+	if err != nil {
+		return mapping{}, err
+	}
+	if _, err := img.writeHost(img.data, buf, int64(host)); err != nil {
+		return mapping{}, fmt.Errorf("qcow2: copying the cluster to %#x: %w", host, err)
+	}
+	nm := mapping{entry: host | flagCopied, bitmap: m.bitmap}
+	return nm, img.withMetadata(func() error { return img.setEntryLocked(c, nm, true) })
 }
 
 func (img *Image) growLocked(size int64) error {
