@@ -171,7 +171,8 @@ func (h *handshake) option(ctx context.Context, opt optType, data []byte) (*nego
 		case optExportName:
 			return nil, errTLSRequired
 		default:
-			return nil, h.finish(h.replyErr(opt, repErrTLSReqd, "TLS is required"))
+			// qemu-nbd's words, which its clients print.
+			return nil, h.finish(h.replyErr(opt, repErrTLSReqd, fmt.Sprintf("Option 0x%x not permitted before TLS", uint32(opt))))
 		}
 	}
 	if h.srv.shuttingDown() && opt != optAbort {

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -54,15 +55,40 @@ const (
 // received: 0x1", "Server does not support export lists", a refusal with
 // the server's message on hint lines, and so on. TLS is not supported: a
 // server that requires it refuses the listing.
-func ListExports(conn net.Conn) ([]ExportInfo, error) {
-	c := &listClient{r: bufio.NewReader(conn), w: conn}
+//
+// With tlsConfig set, the client starts TLS (NBD_OPT_STARTTLS) before
+// anything else, as qemu-nbd --tls-creds does; the config's ServerName is
+// the name the server's certificate must carry.
+func ListExports(conn net.Conn, tlsConfig *tls.Config) ([]ExportInfo, error) {
+	c := &listClient{conn: conn, r: bufio.NewReader(conn), w: conn, tls: tlsConfig}
 	return c.list()
 }
 
 // listClient is one listing connection. Not safe for concurrent use.
 type listClient struct {
-	r *bufio.Reader
-	w io.Writer
+	conn net.Conn
+	r    *bufio.Reader
+	w    io.Writer
+	tls  *tls.Config
+}
+
+// startTLS is nbd_receive_starttls: STARTTLS, then the TLS handshake; the
+// rest of the listing goes over TLS.
+func (c *listClient) startTLS() error {
+	ok, err := c.simpleOption(optStartTLS, true)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		c.abort()
+		return errors.New("Server don't support STARTTLS option")
+	}
+	tc := tls.Client(c.conn, c.tls)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake failed: %w", err)
+	}
+	c.r, c.w = bufio.NewReader(tc), tc
+	return nil
 }
 
 // read fills p; what names the field in the error, as QEMU's nbd_read.
@@ -235,6 +261,9 @@ func (c *listClient) list() ([]ExportInfo, error) {
 	}
 	switch magic {
 	case clientMagic:
+		if c.tls != nil {
+			return nil, errors.New("Server does not support STARTTLS")
+		}
 		return c.oldstyle()
 	case optsMagic:
 	default:
@@ -256,11 +285,19 @@ func (c *listClient) list() ([]ExportInfo, error) {
 	if err := c.write(b[:]); err != nil {
 		return nil, fmt.Errorf("Failed to send clientflags field: %w", err)
 	}
+	if c.tls != nil {
+		if cflags&flagCFixedNewstyle == 0 {
+			return nil, errors.New("Server does not support STARTTLS")
+		}
+		if err := c.startTLS(); err != nil {
+			return nil, err
+		}
+	}
 	if cflags&flagCFixedNewstyle == 0 {
 		// Without fixed newstyle not even NBD_OPT_ABORT can be sent.
 		return nil, errors.New("Server does not support export lists")
 	}
-	structured, err := c.simpleOption(optStructuredReply)
+	structured, err := c.simpleOption(optStructuredReply, false)
 	if err != nil {
 		return nil, err
 	}
@@ -321,10 +358,10 @@ func (c *listClient) oldstyle() ([]ExportInfo, error) {
 	return []ExportInfo{{Size: size, Flags: uint16(flags)}}, nil
 }
 
-// simpleOption sends an option without data that the server should ACK;
-// any error reply means unsupported (false), as for QEMU's non-strict
-// nbd_request_simple_option.
-func (c *listClient) simpleOption(opt optType) (bool, error) {
+// simpleOption sends an option without data that the server should ACK,
+// as QEMU's nbd_request_simple_option: an unsupported option (any error
+// reply, unless strict) returns false and no error.
+func (c *listClient) simpleOption(opt optType, strict bool) (bool, error) {
 	if err := c.sendOption(opt, nil); err != nil {
 		return false, err
 	}
@@ -332,7 +369,7 @@ func (c *listClient) simpleOption(opt optType) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if ok, err := c.handleReplyErr(r, false); !ok {
+	if ok, err := c.handleReplyErr(r, strict); !ok {
 		return false, err
 	}
 	if r.typ != repAck {

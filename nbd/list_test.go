@@ -24,7 +24,7 @@ func listLikeQemu(t *testing.T, what, sock string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := nbd.ListExports(conn)
+	list, err := nbd.ListExports(conn, nil)
 	conn.Close()
 	if err != nil {
 		errOut.WriteString("qemu-nbd: " + err.Error() + "\n")

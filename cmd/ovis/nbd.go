@@ -26,7 +26,8 @@ func newNBDCmd() *cobra.Command {
 		l2Size, l2EntrySize, rcSize, cacheSize string
 		noCache, fork, verbose                 bool
 		imageOpts                              bool
-		logLevel, tlsCreds                     string
+		logLevel, tlsCreds, tlsHostname        string
+		objects                                []string
 		list                                   bool
 	)
 	cmd := &cobra.Command{
@@ -62,18 +63,35 @@ func newNBDCmd() *cobra.Command {
 			if cfg.DetectZeroes, err = serve.ParseDetectZeroes(detectZeroes); err != nil {
 				return err
 			}
+			var tlsObjects []*serve.TLSObject
+			for _, spec := range objects {
+				o, err := serve.ParseObject(spec)
+				if err != nil {
+					return err
+				}
+				tlsObjects = append(tlsObjects, o)
+			}
 			if cfg.Socket != "" && !filepath.IsAbs(cfg.Socket) {
 				return errors.New("socket path must be absolute")
 			}
 			if list {
-				return runList(cmd, args, cfg, fork)
+				return runList(cmd, args, cfg, fork, tlsObjects, tlsCreds, tlsHostname)
 			}
 			if len(args) != 1 {
 				return img.UsageError("Invalid number of arguments")
 			}
 			cfg.File = args[0]
-			if tlsCreds != "" {
-				return tlsCredsError(tlsCreds)
+			switch {
+			case tlsCreds != "" && tlsHostname != "":
+				return errors.New("TLS hostname is only supported with export list")
+			case tlsCreds != "":
+				o, err := serve.FindTLSObject(tlsObjects, tlsCreds, false)
+				if err != nil {
+					return err
+				}
+				cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = o.ServerFiles()
+			case tlsHostname != "":
+				return errors.New("--tls-hostname is not permitted without --tls-creds")
 			}
 			for _, s := range []struct {
 				name string
@@ -158,7 +176,9 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&detectZeroes, "detect-zeroes", "off", "turn all-zero writes into zero writes: off, on or unmap (needs --discard=unmap)")
 	f.BoolVarP(&cfg.AllocationDepth, "allocation-depth", "A", false, "expose the allocation depth (the qemu:allocation-depth metadata context)")
 	f.BoolVarP(&list, "list", "L", false, "list exports available from another NBD server (at -k, or -b and -p), as qemu-nbd -L")
-	f.StringVar(&tlsCreds, "tls-creds", "", "qemu-nbd's TLS object (ovis has no --object: refused; serve TLS with --tls-cert)")
+	f.StringArrayVar(&objects, "object", nil, "define an object: tls-creds-x509,id=ID,endpoint=server|client,dir=DIR[,verify-peer=on|off] (QEMU's file names in DIR)")
+	f.StringVar(&tlsCreds, "tls-creds", "", "use the tls-creds-x509 --object of this id: serve TLS, or list over TLS")
+	f.StringVar(&tlsHostname, "tls-hostname", "", "with -L, the name the server's certificate must carry (default: -b)")
 	f.BoolVar(&fork, "fork", false, "fork off the server process and exit once it is serving")
 	f.StringVar(&cfg.PidFile, "pid-file", "", "write the server's process ID to this file")
 	f.BoolVarP(&verbose, "verbose", "v", false, "display extra debugging information (as qemu-nbd: nothing more for a server; see --log-level)")
@@ -182,7 +202,7 @@ func newNBDCmd() *cobra.Command {
 
 // runList is ovis nbd -L: qemu-nbd --list's checks of the command line,
 // with its messages, then serve.List.
-func runList(cmd *cobra.Command, args []string, cfg serve.Config, fork bool) error {
+func runList(cmd *cobra.Command, args []string, cfg serve.Config, fork bool, objects []*serve.TLSObject, tlsCreds, tlsHostname string) error {
 	f := cmd.Flags()
 	if len(args) != 0 {
 		return errors.New("List mode is incompatible with a file name")
@@ -196,16 +216,26 @@ func runList(cmd *cobra.Command, args []string, cfg serve.Config, fork bool) err
 	if fork {
 		return errors.New("List mode is incompatible with forking")
 	}
-	if tlsCreds, _ := f.GetString("tls-creds"); tlsCreds != "" {
-		return tlsCredsError(tlsCreds)
+	lc := serve.ListConfig{Socket: cfg.Socket, Bind: cfg.Bind, Port: cfg.Port}
+	switch {
+	case tlsCreds != "":
+		o, err := serve.FindTLSObject(objects, tlsCreds, true)
+		if err != nil {
+			return err
+		}
+		// QEMU checks the certificate for -b unless told otherwise,
+		// even over a unix socket.
+		host := tlsHostname
+		if host == "" {
+			host = cfg.Bind
+		}
+		if lc.TLS, err = o.ClientConfig(host); err != nil {
+			return err
+		}
+	case tlsHostname != "":
+		return errors.New("--tls-hostname is not permitted without --tls-creds")
 	}
-	return serve.List(cmd.Context(), serve.ListConfig{Socket: cfg.Socket, Bind: cfg.Bind, Port: cfg.Port}, cmd.OutOrStdout())
-}
-
-// tlsCredsError is qemu-nbd's refusal of --tls-creds: ovis has no
-// --object, so no credentials object can have the id.
-func tlsCredsError(id string) error {
-	return fmt.Errorf("Failed to get TLS creds: No TLS credentials with id '%s'", id)
+	return serve.List(cmd.Context(), lc, cmd.OutOrStdout())
 }
 
 // newLogger returns the logger of --log-level: slog's text lines on w at

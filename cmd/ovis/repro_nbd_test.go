@@ -275,9 +275,11 @@ func TestReproNBDListLikeQemu(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		args []string
-		// ovisArgs replace args for ovis nbd (TLS takes PEM files);
-		// the servers' refusals then differ in their messages.
+		// ovisArgs replace args for ovis nbd (its own TLS flags).
 		ovisArgs []string
+		// tls servers are listed without credentials (refused), then
+		// with them.
+		tls bool
 	}{
 		{name: "default", args: []string{"-f", "qcow2", "disk.qcow2"}},
 		{name: "name and description", args: []string{"-x", "an export", "-D", "what it holds", "-f", "qcow2", "disk.qcow2"}},
@@ -287,14 +289,11 @@ func TestReproNBDListLikeQemu(t *testing.T) {
 		{name: "read-only bitmap", args: []string{"-r", "-A", "-B", "bm2", "-f", "qcow2", "disk.qcow2"}},
 		{name: "raw partial sector", args: []string{"-f", "raw", "disk.raw"}},
 		{name: "snapshot", args: []string{"-s", "-A", "-x", "snap", "disk.qcow2"}},
-		{name: "TLS required",
-			args:     []string{"--object", "tls-creds-x509,id=tls0,endpoint=server,dir=" + qemuPKI, "--tls-creds", "tls0", "-f", "qcow2", "disk.qcow2"},
-			ovisArgs: []string{"--tls-cert", pki.cert, "--tls-key", pki.key, "-f", "qcow2", "disk.qcow2"}},
+		{name: "TLS", args: []string{"--object", "tls-creds-x509,id=tls0,endpoint=server,dir=" + qemuPKI, "--tls-creds", "tls0", "-f", "qcow2", "disk.qcow2"}, tls: true},
+		{name: "TLS, PEM flags for ovis", args: []string{"--object", "tls-creds-x509,id=tls0,endpoint=server,dir=" + qemuPKI, "--tls-creds", "tls0", "-f", "qcow2", "disk.qcow2"},
+			ovisArgs: []string{"--tls-cert", pki.cert, "--tls-key", pki.key, "--tls-ca", pki.ca, "-f", "qcow2", "disk.qcow2"}, tls: true},
 	} {
 		for _, tcp := range []bool{false, true} {
-			if c.ovisArgs != nil && !tcp {
-				continue // qemu-nbd serves TLS over TCP only
-			}
 			var outputs []listRun
 			for _, srv := range servers {
 				dir := t.TempDir()
@@ -311,18 +310,32 @@ func TestReproNBDListLikeQemu(t *testing.T) {
 					t.Errorf("%s (tcp %v) served by %s:\nqemu-nbd -L: exit %d\n%s%s\novis nbd -L: exit %d\n%s%s",
 						c.name, tcp, srv, q.code, q.stdout, q.stderr, o.code, o.stdout, o.stderr)
 				}
-				if c.ovisArgs == nil && (o.code != 0 || !strings.Contains(o.stdout, "exports available: 1\n")) {
-					t.Errorf("%s (tcp %v) served by %s: ovis nbd -L: exit %d\n%s%s", c.name, tcp, srv, o.code, o.stdout, o.stderr)
+				if c.tls {
+					if o.code != 1 || !strings.HasPrefix(o.stderr, "qemu-nbd: TLS negotiation required before option 3 (list)\n") {
+						t.Errorf("%s served by %s: ovis nbd -L without credentials: exit %d\n%s%s", c.name, srv, o.code, o.stdout, o.stderr)
+					}
+					outputs = append(outputs, o)
+					// QEMU checks the certificate for -b, or
+					// --tls-hostname (a unix socket has no name).
+					creds := []string{"--object", "tls-creds-x509,id=c0,endpoint=client,dir=" + pki.clientDir, "--tls-creds", "c0"}
+					if !tcp {
+						creds = append(creds, "--tls-hostname", "localhost")
+					}
+					q, o = listBoth(t, append(creds, listen...)...)
+					if q != o {
+						t.Errorf("%s (tcp %v) served by %s, with credentials:\nqemu-nbd -L: exit %d\n%s%s\novis nbd -L: exit %d\n%s%s",
+							c.name, tcp, srv, q.code, q.stdout, q.stderr, o.code, o.stdout, o.stderr)
+					}
 				}
-				if c.ovisArgs != nil && (o.code != 1 || !strings.HasPrefix(o.stderr, "qemu-nbd: TLS negotiation required before option 3 (list)\n")) {
-					t.Errorf("%s served by %s: ovis nbd -L: exit %d\n%s%s", c.name, srv, o.code, o.stdout, o.stderr)
+				if o.code != 0 || !strings.Contains(o.stdout, "exports available: 1\n") {
+					t.Errorf("%s (tcp %v) served by %s: ovis nbd -L: exit %d\n%s%s", c.name, tcp, srv, o.code, o.stdout, o.stderr)
 				}
 				outputs = append(outputs, o)
 				if code := p.stop(); code != 0 || p.stderr.String() != "" {
 					t.Errorf("%s (tcp %v): %s exited %d after the lists, stderr %q", c.name, tcp, srv, code, p.stderr)
 				}
 			}
-			if c.ovisArgs == nil && outputs[0] != outputs[1] {
+			if fmt.Sprint(outputs[:len(outputs)/2]) != fmt.Sprint(outputs[len(outputs)/2:]) {
 				t.Errorf("%s (tcp %v): qemu-nbd and ovis nbd list differently:\n%s\n%s", c.name, tcp, outputs[0].stdout, outputs[1].stdout)
 			}
 		}
@@ -352,6 +365,13 @@ func TestReproNBDListLikeQemu(t *testing.T) {
 		{"--fork"},
 		{"-e", "two"},
 		{"--tls-creds=tls0"},
+		{"--tls-hostname", "localhost"},
+		{"--object", "nosuchtype,id=x"},
+		{"--object", "tls-creds-x509,id=c0,endpoint=client", "--tls-creds", "c0"},
+		{"--object", "tls-creds-x509,id=c0,endpoint=client,dir=" + filepath.Join(dir, "nodir"), "--tls-creds", "c0"},
+		{"--object", "tls-creds-x509,id=s0,endpoint=server,dir=" + qemuPKI, "--tls-creds", "s0"},
+		{"--object", "tls-creds-x509,id=c0,endpoint=client,dir=" + pki.clientDir, "--tls-creds", "c1"},
+		{"--object", "tls-creds-x509,id=c0,endpoint=client,dir=" + pki.clientDir, "--tls-creds", "c0", "-p", "1"},
 	} {
 		q, o := listBoth(t, args...)
 		if q != o || q.code != 1 {

@@ -5,7 +5,8 @@
 // values), device.go (opening the image under a cache mode, the -s
 // overlay), policy.go (the --discard and --detect-zeroes device wrapper),
 // listener.go (binding, the -e connection limit, noticing the last
-// client through the nbd server's ConnState hook), tls.go, daemon.go
+// client through the nbd server's ConnState hook), tls.go and
+// tlsobject.go, daemon.go
 // (--fork and --pid-file), run.go (Run: the lifecycle), list.go (List:
 // qemu-nbd --list, the client side) and up.go (Up).
 //
@@ -48,8 +49,10 @@
 // Config.Warnings in its words. A raw image is exported in whole 512-byte
 // sectors, as QEMU sizes it (block.Raw.RoundUpToSector).
 //
-// Not done here: qemu-nbd's --object (so no TLS for List, and
-// --tls-creds is refused as qemu-nbd refuses an unknown id),
-// -o/--offset, -c/-d (the kernel client), --aio, --selinux-label and
-// socket activation.
+// TLS is also configured as qemu-nbd does, by --object tls-creds-x509
+// and --tls-creds (tlsobject.go), for serving and for List.
+//
+// Not done here: --object types other than tls-creds-x509 (secrets,
+// authz), --tls-authz, -o/--offset, -c/-d (the kernel client), --aio,
+// --selinux-label and socket activation.
 package serve

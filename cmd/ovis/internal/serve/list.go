@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,9 @@ type ListConfig struct {
 	// The defaults are "0.0.0.0" (which Linux connects to as the local
 	// host) and "10809", qemu-nbd's.
 	Bind, Port string
+	// TLS, when set, starts TLS before listing (qemu-nbd --tls-creds).
+	// The default lists in the clear.
+	TLS *tls.Config
 }
 
 // List is qemu-nbd --list: it connects to the server, lists its exports
@@ -37,7 +41,7 @@ func List(ctx context.Context, c ListConfig, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	list, err := nbd.ListExports(conn)
+	list, err := nbd.ListExports(conn, c.TLS)
 	conn.Close()
 	if err != nil {
 		return err
