@@ -226,7 +226,7 @@ func rawRebaseCases() []rebaseCase {
 func TestRebaseKeepsGuestData(t *testing.T) {
 	t.Parallel()
 	var cases []rebaseCase
-	for _, opts := range []string{"", "cluster_size=4k", "extended_l2=on", "compat=0.10", "cluster_size=2M"} {
+	for _, opts := range []string{"", "cluster_size=4k", "extended_l2=on", "compat=0.10", "cluster_size=2M", "extended_l2=on,cluster_size=2M"} {
 		for _, c := range rebaseCases(opts) {
 			c.name = "opts " + opts + "/" + c.name
 			cases = append(cases, c)
@@ -300,8 +300,9 @@ type commitCase struct {
 }
 
 // commitCases covers the sizes of base, mid and top against each other
-// for every kind of commit, with a qcow2 or raw base.
-func commitCases(baseFmt, opts string) []commitCase {
+// for every kind of commit (only those that differ by the image format
+// unless all), with a qcow2 or raw base.
+func commitCases(baseFmt, opts string, all bool) []commitCase {
 	const k = 1024
 	var out []commitCase
 	for _, s := range []struct{ base, mid, top int64 }{
@@ -321,12 +322,18 @@ func commitCases(baseFmt, opts string) []commitCase {
 		base := layerSpec{"base." + baseFmt, bsize, opts}
 		chain := []layerSpec{base, {"mid.qcow2", s.mid, opts}, {"top.qcow2", s.top, opts}}
 		sz := fmt.Sprintf("base %d mid %d top %d", bsize, s.mid, s.top)
-		for _, a := range []string{"top.qcow2", "-d top.qcow2", "-b " + base.name + " top.qcow2", "-b mid.qcow2 top.qcow2", "mid.qcow2"} {
-			out = append(out, commitCase{name: a + "/" + sz, chain: chain, args: strings.Fields(a)})
-		}
+		three := []string{"top.qcow2", "-b " + base.name + " top.qcow2"}
 		// Four deep: committing into the base through a short layer.
 		deep := []layerSpec{base, {"a.qcow2", s.top, opts}, {"mid.qcow2", s.mid, opts}, {"top.qcow2", s.top, opts}}
-		for _, a := range []string{"-b " + base.name + " top.qcow2", "-b a.qcow2 top.qcow2", "mid.qcow2"} {
+		four := []string{"-b " + base.name + " top.qcow2"}
+		if all {
+			three = append(three, "-d top.qcow2", "-b mid.qcow2 top.qcow2", "mid.qcow2")
+			four = append(four, "-b a.qcow2 top.qcow2", "mid.qcow2")
+		}
+		for _, a := range three {
+			out = append(out, commitCase{name: a + "/" + sz, chain: chain, args: strings.Fields(a)})
+		}
+		for _, a := range four {
 			out = append(out, commitCase{name: "four deep " + a + "/" + sz, chain: deep, args: strings.Fields(a)})
 		}
 	}
@@ -340,10 +347,14 @@ func commitCases(baseFmt, opts string) []commitCase {
 func TestCommitKeepsGuestData(t *testing.T) {
 	t.Parallel()
 	var cases []commitCase
-	for _, v := range []struct{ baseFmt, opts string }{
-		{"qcow2", ""}, {"raw", ""}, {"qcow2", "cluster_size=4k"}, {"qcow2", "extended_l2=on"}, {"qcow2", "compat=0.10"},
+	for _, v := range []struct {
+		baseFmt, opts string
+		all           bool
+	}{
+		{"qcow2", "", true}, {"raw", "", true}, {"qcow2", "cluster_size=4k", false},
+		{"qcow2", "extended_l2=on", false}, {"qcow2", "compat=0.10", true},
 	} {
-		for _, c := range commitCases(v.baseFmt, v.opts) {
+		for _, c := range commitCases(v.baseFmt, v.opts, v.all) {
 			c.name = v.baseFmt + " " + v.opts + "/" + c.name
 			cases = append(cases, c)
 		}
