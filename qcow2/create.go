@@ -235,10 +235,11 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 		return err
 	}
 	if img.hasDataFile {
-		if tail := img.size & (img.clusterSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil {
-			// QEMU's copy-on-write fills the newly mapped last cluster
-			// past the end with zeros, which extends the data file.
-			if _, err := img.data.WriteAt(make([]byte, img.clusterSize-tail), img.size); err != nil {
+		if tail := img.size & (img.subSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil {
+			// QEMU's copy-on-write fills the newly mapped last
+			// (sub)cluster past the end with zeros, which extends the data
+			// file.
+			if _, err := img.data.WriteAt(make([]byte, img.subSize-tail), img.size); err != nil {
 				return fmt.Errorf("qcow2: writing the data file: %w", err)
 			}
 		}
