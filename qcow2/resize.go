@@ -103,22 +103,29 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 		// the new range is mapped onto the data file.
 		prealloc = PreallocMetadata
 	}
+	var stopped error
 	if prealloc != PreallocOff {
-		if err := img.preallocate(ctx, prealloc, old, zeroNew); err != nil {
+		err := img.preallocate(ctx, prealloc, old, zeroNew)
+		if err != nil && ctx.Err() == nil {
 			return err
 		}
+		// Stopped early, the new range must still hide the backing file.
+		stopped = err
 	} else if img.hasDataFile {
 		// QEMU truncates the data file to the new size, exactly.
 		if err := img.data.Truncate(size); err != nil {
 			return fmt.Errorf("qcow2: resizing the data file: %w", err)
 		}
 	}
-	if zeroNew && img.zeroStepNeeded(prealloc) {
+	if zeroNew && (img.zeroStepNeeded(prealloc) || stopped != nil) {
 		if err := img.zeroGrown(old, size); err != nil {
 			return fmt.Errorf("Failed to zero out the new area: %w", err)
 		}
 	}
-	return img.Flush()
+	if err := img.Flush(); err != nil {
+		return err
+	}
+	return stopped
 }
 
 // zeroStepNeeded reports whether growing with prealloc zeroes the new
@@ -143,6 +150,11 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 // BDRV_REQ_MAY_UNMAP), the rest of the subcluster holding the old end is
 // written with zeros.
 func (img *Image) zeroGrown(old, size int64) error {
+	if !img.v3 {
+		// No zero flag (reached only when falloc or full stopped early):
+		// zeros are written.
+		return img.WriteZeroes(old, size-old, false, false)
+	}
 	start := min(alignUp(old, img.subSize), size)
 	if start > old {
 		if _, err := img.WriteAt(make([]byte, start-old), old, false); err != nil {

@@ -2,6 +2,8 @@ package qcow2
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -120,4 +122,54 @@ func allocated(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return st.Sys().(*syscall.Stat_t).Blocks * 512
+}
+
+// TestResizeStoppedStillHidesBacking: a preallocating resize over a
+// longer backing file that is stopped (ctx done) returns ctx's error, but
+// the grown range still reads zeros rather than the backing file, in
+// both versions.
+func TestResizeStoppedStillHidesBacking(t *testing.T) {
+	for _, compat := range []string{"", "0.10"} {
+		for _, p := range []string{PreallocMetadata, PreallocFalloc, PreallocFull} {
+			t.Run(compat+"/"+p, func(t *testing.T) {
+				dir := t.TempDir()
+				if err := os.WriteFile(filepath.Join(dir, "b.raw"), bytes.Repeat([]byte{1}, 2<<20), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				path := filepath.Join(dir, "t.qcow2")
+				if err := Create(path, CreateOptions{Size: 64 << 10, ClusterSize: 64 << 10, RefcountBits: 16, Compat: compat, BackingFile: "b.raw", BackingFormat: "raw"}); err != nil {
+					t.Fatal(err)
+				}
+				img, err := Open(path, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				err = img.ResizeContext(ctx, 2<<20, false, p)
+				if compat == "0.10" && p == PreallocMetadata {
+					// Refused before anything changes, as qemu-img.
+					if err == nil || err.Error() != errZeroNewClusters.Error() {
+						t.Fatalf("ResizeContext: %v, want %v", err, errZeroNewClusters)
+					}
+					img.Close()
+					return
+				}
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("ResizeContext: %v, want context.Canceled", err)
+				}
+				got := make([]byte, 2<<20-64<<10)
+				if _, err := img.ReadAt(got, 64<<10); err != nil {
+					t.Fatal(err)
+				}
+				if err := img.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got, make([]byte, len(got))) {
+					t.Fatal("the grown range shows the backing file")
+				}
+				qemuCheck(t, path)
+			})
+		}
+	}
 }
