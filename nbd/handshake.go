@@ -82,6 +82,39 @@ type handshake struct {
 	contextExport *Export
 }
 
+// qemuError is a handshake failure that qemu-nbd reports on its stderr,
+// with its words ("option negotiation failed: " and msg), wrapping ovis's
+// own error.
+type qemuError struct {
+	msg string
+	err error
+}
+
+func (e *qemuError) Error() string { return e.err.Error() }
+func (e *qemuError) Unwrap() error { return e.err }
+
+// readFailure says why a read of the client failed as QEMU's
+// qio_channel_read_all does.
+func readFailure(err error) string {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "Unexpected end-of-file before all data were read"
+	}
+	return "Unable to read from socket: " + sysMessage(err)
+}
+
+// QemuReport returns the line qemu-nbd prints on its stderr for a
+// client's handshake that ended with err (without the "qemu-nbd: "
+// prefix), and whether it prints one: a client that hung up or sent
+// garbage before or between options. Errors qemu-nbd keeps quiet about
+// (an aborted handshake, a refused export) give false.
+func QemuReport(err error) (string, bool) {
+	var q *qemuError
+	if errors.As(err, &q) {
+		return "option negotiation failed: " + q.msg, true
+	}
+	return "", false
+}
+
 // runHandshake performs the fixed newstyle handshake on conn and returns
 // what was negotiated, or the error that ended the connection. The caller
 // sets the deadline that bounds it.
@@ -108,11 +141,11 @@ func (h *handshake) run(ctx context.Context) (*negotiated, error) {
 	}
 	var cf [4]byte
 	if _, err := io.ReadFull(h.r, cf[:]); err != nil {
-		return nil, fmt.Errorf("nbd: read client flags: %w", err)
+		return nil, &qemuError{"Failed to read flags: " + readFailure(err), fmt.Errorf("nbd: read client flags: %w", err)}
 	}
 	flags := clientFlags(binary.BigEndian.Uint32(cf[:]))
 	if flags&^knownClientFlags != 0 {
-		return nil, fmt.Errorf("%w: %#x", errClientFlags, uint32(flags))
+		return nil, &qemuError{fmt.Sprintf("Unknown client flags 0x%x received", uint32(flags)), fmt.Errorf("%w: %#x", errClientFlags, uint32(flags))}
 	}
 	h.fixed = flags&flagCFixedNewstyle != 0
 	h.noZeroes = flags&flagCNoZeroes != 0
@@ -137,11 +170,22 @@ func (h *handshake) run(ctx context.Context) (*negotiated, error) {
 // connection ends.
 func (h *handshake) readOption() (optType, []byte, error) {
 	var hdr [optHeaderLen]byte
-	if _, err := io.ReadFull(h.r, hdr[:]); err != nil {
-		return 0, nil, fmt.Errorf("nbd: read option: %w", err)
+	if n, err := io.ReadFull(h.r, hdr[:]); err != nil {
+		// QEMU reads and checks the magic, then the option, then
+		// its length, and says which it could not read.
+		what := "opts magic"
+		switch {
+		case n >= 8 && binary.BigEndian.Uint64(hdr[0:8]) != optsMagic:
+			return 0, nil, &qemuError{"Bad magic received", errBadMagic}
+		case n >= 12:
+			what = "option length"
+		case n >= 8:
+			what = "option"
+		}
+		return 0, nil, &qemuError{"Failed to read " + what + ": " + readFailure(err), fmt.Errorf("nbd: read option: %w", err)}
 	}
 	if binary.BigEndian.Uint64(hdr[0:8]) != optsMagic {
-		return 0, nil, errBadMagic
+		return 0, nil, &qemuError{"Bad magic received", errBadMagic}
 	}
 	opt := optType(binary.BigEndian.Uint32(hdr[8:12]))
 	n := binary.BigEndian.Uint32(hdr[12:16])

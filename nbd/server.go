@@ -150,6 +150,11 @@ type Config struct {
 	// connection, as qemu-nbd does: a guest's disk may rightly sit idle
 	// for hours. It must not be negative.
 	IdleTimeout time.Duration
+	// HandshakeFailed, when non-nil, is called with the error that ended
+	// a connection's handshake (not an ABORT, nor a stop of the server),
+	// from the connection's goroutine; QemuReport words it as qemu-nbd
+	// reports it. It must not block. The default (nil) only logs.
+	HandshakeFailed func(err error)
 	// ConnState, when non-nil, is called as each connection accepted by
 	// Serve changes state (see ConnState), with the net.Conn the listener
 	// returned (never the TLS layer over it). StateNew comes first, on
@@ -657,6 +662,9 @@ func (c *serverConn) serve(ctx context.Context) {
 			c.log.Debug("handshake ended", "err", err)
 		default:
 			c.log.Info("handshake failed", "err", err)
+		}
+		if s.cfg.HandshakeFailed != nil && !errors.Is(err, errAbort) && !s.closing.Load() {
+			s.cfg.HandshakeFailed(err)
 		}
 		c.raw.Close()
 		return

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -504,5 +507,69 @@ func TestReproNBDMapUnalignedTail(t *testing.T) {
 				t.Errorf("%d bytes %s:\nqemu-nbd: exit %d %q\n    ovis: exit %d %q", size, cache, q.code, q.stderr, o.code, o.stderr)
 			}
 		}
+	}
+}
+
+// TestReproNBDClientErrorsLikeQemu: clients that hang up or send garbage
+// in the handshake make qemu-nbd print why on stderr ("option negotiation
+// failed: ..."); ovis nbd prints the same lines, and nothing for clients
+// that list, abort or ask for a missing export.
+func TestReproNBDClientErrorsLikeQemu(t *testing.T) {
+	t.Parallel()
+	src := t.TempDir()
+	image := filepath.Join(src, "disk.qcow2")
+	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", image, "1M")
+	be32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	// Each client sends its bytes after reading the 18-byte greeting
+	// (or nothing at all), then hangs up.
+	clients := []struct {
+		name string
+		send []byte
+		// lines is how many lines qemu-nbd prints for it.
+		lines int
+	}{
+		{"flags then hang-up", be32(3), 1},
+		{"half an option", append(be32(3), "IHAVEOPT"...), 1},
+		{"option magic and type", append(append(be32(3), "IHAVEOPT"...), be32(7)...), 1},
+		{"bad option magic", append(append(be32(3), "XXXXXXXX"...), make([]byte, 8)...), 1},
+		{"unknown client flags", be32(0x10), 1},
+		{"greeting read, hang-up", nil, 1},
+	}
+	got := map[string]string{}
+	for _, srv := range servers {
+		dir := t.TempDir()
+		copySparse(t, image, filepath.Join(dir, "disk.qcow2"))
+		listen, uri := peerAddr(t, false)
+		p := startPeer(t, binOf(srv), dir, listen, uri, "-t", "-f", "qcow2", "disk.qcow2")
+		lines := 0
+		for _, c := range clients {
+			conn, err := net.Dial("unix", listen[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.ReadFull(conn, make([]byte, 18))
+			conn.Write(c.send)
+			conn.Close()
+			lines += c.lines
+			// Wait for the report, so that the lines keep the
+			// clients' order.
+			for deadline := time.Now().Add(10 * time.Second); strings.Count(p.stderr.String(), "\n") < lines && time.Now().Before(deadline); {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		// Clients qemu-nbd says nothing about.
+		runTool(t, "nbdinfo", "--list", uri)
+		runBounded(t, "nbdinfo", strings.Replace(uri, ":///", ":///nosuch", 1))
+		runTool(t, "qemu-img", "info", uri)
+		if code := p.stop(); code != 0 {
+			t.Errorf("%s exited %d", srv, code)
+		}
+		got[srv] = strings.ReplaceAll("\n"+p.stderr.String(), "\novis: ", "\nqemu-nbd: ")[1:]
+	}
+	if got["qemu-nbd"] != got["ovis"] {
+		t.Errorf("stderr differs\nqemu-nbd:\n%s\n    ovis:\n%s", got["qemu-nbd"], got["ovis"])
+	}
+	if n := strings.Count(got["ovis"], "qemu-nbd: option negotiation failed: "); n != len(clients) {
+		t.Errorf("ovis nbd reported %d handshake failures, want %d:\n%s", n, len(clients), got["ovis"])
 	}
 }

@@ -241,8 +241,10 @@ type Config struct {
 	// Logger receives ovis's own logs (connections, requests that
 	// failed, the lifecycle). nil means slog.Default().
 	Logger *slog.Logger
-	// Warnings receives the warnings qemu-nbd prints, in its words (a
-	// probed raw format). nil means they are not shown.
+	// Warnings receives what qemu-nbd itself prints on stderr, in its
+	// words: warnings (a probed raw format) and reports of clients whose
+	// handshake failed ("ovis: option negotiation failed: ...", the
+	// prefix being the ovis command's). nil means they are not shown.
 	Warnings io.Writer
 	// Ready, when non-nil, is called once with the listening address
 	// after the pid file was written, before the first client is served.

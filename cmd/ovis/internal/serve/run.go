@@ -113,7 +113,13 @@ func Run(ctx context.Context, c Config) error {
 		MaxConnections: maxConns,
 		IdleTimeout:    c.IdleTimeout,
 		ConnState:      connState,
-		Logger:         log,
+		HandshakeFailed: func(err error) {
+			// qemu-nbd reports these with error_report.
+			if msg, ok := nbd.QemuReport(err); ok && c.Warnings != nil {
+				fmt.Fprintf(c.Warnings, "ovis: %s\n", msg)
+			}
+		},
+		Logger: log,
 	})
 	if err != nil {
 		g.Close()
