@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -18,6 +19,13 @@ const maxChainDepth = 256
 // Probe returns "qcow2" when the file at path starts with the qcow2 magic
 // and "raw" otherwise, as QEMU's format probing does for these two.
 func Probe(path string) (string, error) {
+	if isPseudoFilename(path) {
+		p, format, err := SplitFilename(path, "")
+		if err != nil || format != "" {
+			return format, err
+		}
+		path = p
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
@@ -38,6 +46,13 @@ func OpenDevice(path, format string, o Options) (block.Device, error) {
 }
 
 func openDevice(path, format string, o Options, seen map[string]bool) (block.Device, error) {
+	if isPseudoFilename(path) {
+		p, f, err := SplitFilename(path, format)
+		if err != nil {
+			return nil, err
+		}
+		path, format = p, f
+	}
 	if format == "" {
 		var err error
 		if format, err = Probe(path); err != nil {
@@ -60,6 +75,69 @@ func openDevice(path, format string, o Options, seen map[string]bool) (block.Dev
 		return r, nil
 	}
 	return nil, fmt.Errorf("qcow2: unknown format %q", format)
+}
+
+// isPseudoFilename reports whether name is one of the names QEMU takes
+// beside paths that SplitFilename parses.
+func isPseudoFilename(name string) bool {
+	return strings.HasPrefix(name, "file:") || strings.HasPrefix(name, "json:")
+}
+
+// SplitFilename parses the image names QEMU takes beside paths, as a
+// backing file name may be one: "file:PATH" is PATH, and "json:{...}" a
+// tree of the drivers ovis has, {"driver": "qcow2" or "raw", "file":
+// {"driver": "file", "filename": PATH}} or {"driver": "file", "filename":
+// PATH} (a raw image). A format given (a backing format, -f) replaces
+// the tree's driver, as in QEMU. It returns the path and the format (""
+// when neither names one). Runtime options in the tree are not applied
+// here.
+func SplitFilename(name, format string) (path, driver string, err error) {
+	if p, ok := strings.CutPrefix(name, "file:"); ok {
+		return p, format, nil
+	}
+	type node struct {
+		Driver   string          `json:"driver"`
+		Filename string          `json:"filename"`
+		File     json.RawMessage `json:"file"`
+	}
+	var top node
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(name, "json:")), &top); err != nil {
+		return "", "", fmt.Errorf("Could not parse the JSON options: %v", err)
+	}
+	if format != "" {
+		top.Driver = format
+	}
+	switch top.Driver {
+	case "file":
+		if top.Filename == "" {
+			return "", "", errors.New(`The 'file' block driver requires a file name`)
+		}
+		return top.Filename, "raw", nil
+	case "", "qcow2", "raw":
+	default:
+		return "", "", fmt.Errorf("Unknown driver '%s'", top.Driver)
+	}
+	var file node
+	if len(top.File) == 0 {
+		if top.Driver == "" {
+			return "", "", errors.New("Must specify either driver or file")
+		}
+		return "", "", errors.New(`A block device must be specified for "file"`)
+	}
+	if err := json.Unmarshal(top.File, &file); err != nil {
+		var ref string
+		if json.Unmarshal(top.File, &ref) == nil {
+			return "", "", fmt.Errorf("Cannot find device='%s' nor node-name='%s'", ref, ref)
+		}
+		return "", "", fmt.Errorf("Could not parse the JSON options: %v", err)
+	}
+	if file.Driver != "" && file.Driver != "file" {
+		return "", "", fmt.Errorf("Unknown driver '%s'", file.Driver)
+	}
+	if file.Filename == "" {
+		return "", "", errors.New(`The 'file' block driver requires a file name`)
+	}
+	return file.Filename, top.Driver, nil
 }
 
 // openBacking opens the backing chain read-only, refusing loops.

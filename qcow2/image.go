@@ -177,6 +177,13 @@ var _ block.Device = (*Image)(nil)
 // Open opens the qcow2 image at path, its external data file and its
 // backing chain.
 func Open(path string, o Options) (*Image, error) {
+	if isPseudoFilename(path) { // file: and json: names
+		p, _, err := SplitFilename(path, "qcow2")
+		if err != nil {
+			return nil, err
+		}
+		path = p
+	}
 	return openChain(path, o, nil)
 }
 
@@ -410,7 +417,9 @@ func (img *Image) openDataFile(o Options) error {
 // resolve interprets a backing or data file name relative to the image's
 // folder, as QEMU does.
 func (img *Image) resolve(name string) string {
-	if filepath.IsAbs(name) {
+	// A protocol name is not relative to the image (QEMU's
+	// bdrv_get_full_backing_filename_from_filename).
+	if filepath.IsAbs(name) || isPseudoFilename(name) {
 		return name
 	}
 	return filepath.Join(filepath.Dir(img.path), name)

@@ -19,7 +19,8 @@ func addImageOpts(f *pflag.FlagSet, on *bool) {
 // are the verb's format flags, which the list replaces.
 func imageOptsArg(cmd *cobra.Command, on bool, arg string, format *string, formatFlags ...string) (string, error) {
 	if !on {
-		return arg, nil
+		// file: and json: names, which qemu-img takes too.
+		return img.ResolveFilename(arg, format)
 	}
 	for _, name := range formatFlags {
 		if cmd.Flags().Changed(name) {

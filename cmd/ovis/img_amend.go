@@ -24,7 +24,7 @@ func newImgAmendCmd() *cobra.Command {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Filenames = args
-			if imageOpts && len(args) == 1 {
+			if len(args) == 1 { // an option list, json: or file: name
 				file, err := imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format")
 				if err != nil {
 					return err

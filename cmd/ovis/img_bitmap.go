@@ -45,8 +45,8 @@ func newImgBitmapCmd() *cobra.Command {
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg.Args = args
-			if imageOpts && len(args) == 2 {
-				file, err := imageOptsArg(cmd, true, args[0], &cfg.Format, "format")
+			if len(args) == 2 { // an option list, json: or file: name
+				file, err := imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format")
 				if err != nil {
 					return err
 				}

@@ -24,16 +24,15 @@ func newImgDDCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			img.SetForceShare(forceShare)
 			cfg.Operands = args
-			if imageOpts {
-				// The input operand is the option list.
-				for i, a := range args {
-					if spec, ok := strings.CutPrefix(a, "if="); ok {
-						file, err := imageOptsArg(cmd, true, spec, &cfg.Format, "format")
-						if err != nil {
-							return err
-						}
-						cfg.Operands = append(append(append([]string(nil), args[:i]...), "if="+file), args[i+1:]...)
+			// The input operand may be an option list (--image-opts), a
+			// json: or a file: name.
+			for i, a := range args {
+				if spec, ok := strings.CutPrefix(a, "if="); ok {
+					file, err := imageOptsArg(cmd, imageOpts, spec, &cfg.Format, "format")
+					if err != nil {
+						return err
 					}
+					cfg.Operands = append(append(append([]string(nil), args[:i]...), "if="+file), args[i+1:]...)
 				}
 			}
 			warn, err := img.DD(cmd.Context(), cfg)

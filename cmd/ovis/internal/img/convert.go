@@ -193,6 +193,16 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		}
 	}
 
+	// The output's name as QEMU takes it (file:, and json: for -n).
+	if !cfg.NoCreate {
+		if cfg.Dest, err = newImagePath(cfg.Dest); err != nil {
+			return err
+		}
+	} else if !cfg.TargetImageOpts {
+		if cfg.Dest, err = ResolveFilename(cfg.Dest, nil); err != nil {
+			return err
+		}
+	}
 	targetHasBacking := cfg.BackingFile != "" || cfg.BackingFileSet
 	if cfg.TargetIsZero && targetHasBacking {
 		// qemu-img reports this and then exits with status 0, without

@@ -76,6 +76,10 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	if !ok {
 		return fmt.Errorf("Unknown file format '%s'", format)
 	}
+	path, err := newImagePath(cfg.Filename)
+	if err != nil {
+		return err
+	}
 	o, err := parseOptions(desc, options)
 	if err != nil {
 		return err
@@ -111,7 +115,7 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	}
 	switch {
 	case backing != "" && !cfg.Unsafe:
-		full := combinePath(cfg.Filename, backing)
+		full := combinePath(path, backing)
 		if _, ok := formatOpts(backingFmt); o.has(optKeyBackingFmt) && !ok {
 			return fmt.Errorf("Unknown driver '%s'\nCould not open backing image.", backingFmt)
 		}
@@ -146,13 +150,13 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 	// Both formats round the size up to whole sectors.
 	size = (size + 511) &^ 511
 	if format == "raw" {
-		return createRaw(cfg.Filename, size, o.str(optKeyPrealloc))
+		return createRaw(path, size, o.str(optKeyPrealloc))
 	}
 	co, err := qcow2CreateOptions(o, size)
 	if err != nil {
 		return err
 	}
-	return createQcow2(cfg.Filename, co)
+	return createQcow2(path, co)
 }
 
 // createQcow2 creates a qcow2 image at path, refusing (before the file is

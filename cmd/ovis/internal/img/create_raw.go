@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -53,6 +54,16 @@ func withCreateLock(path, format string, create func() error) error {
 		return err
 	}
 	return create()
+}
+
+// newImagePath is the file a new image named name goes in: a "file:"
+// prefix names a path, as in QEMU, and a json: option tree cannot be
+// created (QEMU has no json protocol to create with).
+func newImagePath(name string) (string, error) {
+	if strings.HasPrefix(name, "json:") {
+		return "", errors.New("Unknown protocol 'json'")
+	}
+	return strings.TrimPrefix(name, "file:"), nil
 }
 
 // createRaw creates a raw image of size bytes as QEMU's file-posix driver

@@ -110,6 +110,9 @@ func DD(ctx context.Context, cfg DDConfig) (warn error, err error) {
 	// Images are created in whole sectors, as QEMU creates them.
 	created := (outSize + 511) &^ 511
 	o.setNumber(optKeySize, uint64(created))
+	if r.out, err = newImagePath(r.out); err != nil {
+		return nil, err
+	}
 	if err := createTarget(r.out, outFmt, o, created); err != nil {
 		return nil, fmt.Errorf("%s: error while creating output image: %w", r.out, err)
 	}

@@ -1,8 +1,10 @@
 package img
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -307,4 +309,142 @@ func parseSnapshotParam(s, quote string) (SnapshotParam, error) {
 		}
 	}
 	return p, nil
+}
+
+// ResolveFilename takes an image name as QEMU's tools take one: "file:"
+// before a path names that path, and "json:{...}" is an option tree (the
+// drivers ovis has: qcow2, raw, file) as --image-opts gives one in a
+// list. It returns the file to open, sets *format to the tree's driver
+// unless a format was given (-f wins, as in qemu-img), and names the image
+// by the original string in errors. Other names are returned as they are.
+func ResolveFilename(name string, format *string) (string, error) {
+	switch {
+	case strings.HasPrefix(name, "file:"):
+		io := &ImageOpts{Spec: name, Filename: strings.TrimPrefix(name, "file:"), CacheCleanInterval: -1}
+		registerImageOpts(io)
+		return io.Filename, nil
+	case strings.HasPrefix(name, "json:"):
+		flat, topFile, err := flattenJSONFilename(strings.TrimPrefix(name, "json:"))
+		if err == nil && topFile && format != nil && *format != "" {
+			// A format given replaces the tree's driver, as in QEMU,
+			// and the file driver's options then name no file.
+			err = errors.New(`A block device must be specified for "file"`)
+		}
+		if err != nil {
+			return "", fmt.Errorf("Could not open '%s': %w", name, err)
+		}
+		io, err := ParseImageOpts(flat)
+		if err != nil {
+			return "", fmt.Errorf("Could not open '%s': %w", name, err)
+		}
+		io.Spec = name
+		registerImageOpts(io)
+		if format != nil && *format == "" {
+			*format = io.Driver
+		}
+		return io.Filename, nil
+	}
+	return name, nil
+}
+
+func registerImageOpts(io *ImageOpts) {
+	imageOptsTable.mu.Lock()
+	defer imageOptsTable.mu.Unlock()
+	if imageOptsTable.m == nil {
+		imageOptsTable.m = map[string]*ImageOpts{}
+	}
+	imageOptsTable.m[io.Filename] = io
+}
+
+// flattenJSONFilename turns a json: filename's object into an option
+// list, as QEMU flattens it (nested objects become dotted names, list
+// items numbered ones), keeping the order of the keys. A top-level file
+// driver is ovis's raw driver over the file (topFile).
+func flattenJSONFilename(s string) (flat string, topFile bool, err error) {
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return "", false, jsonParseError(err)
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return "", false, errors.New("Invalid JSON object given")
+	}
+	var parts []string
+	var typeErr error
+	if err := flattenJSON(dec, "", '}', &parts, &typeErr); err != nil {
+		return "", false, jsonParseError(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", false, errors.New("Could not parse the JSON options: JSON parse error, trailing characters")
+	}
+	if typeErr != nil {
+		return "", false, typeErr
+	}
+	// The file protocol alone: ovis reads it as a raw image.
+	for i, p := range parts {
+		if p == "driver=file" {
+			topFile = true
+			parts[i] = "driver=raw"
+			for j, q := range parts {
+				if j != i && !strings.HasPrefix(q, "file.") && !strings.HasPrefix(q, "driver=") {
+					parts[j] = "file." + q
+				}
+			}
+			break
+		}
+	}
+	return strings.Join(parts, ","), topFile, nil
+}
+
+// flattenJSON appends the members of the object (end '}') or the items of
+// the list (end ']') dec is inside of to parts, named after prefix.
+func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]string, typeErr *error) error {
+	for i := 0; dec.More(); i++ {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if end == '}' {
+			k, err := dec.Token()
+			if err != nil {
+				return err
+			}
+			name = prefix + k.(string)
+		}
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		var v string
+		switch t := tok.(type) {
+		case json.Delim:
+			close := json.Delim('}')
+			if t == '[' {
+				close = ']'
+			}
+			if err := flattenJSON(dec, name+".", close, parts, typeErr); err != nil {
+				return err
+			}
+			continue
+		case string:
+			v = t
+		case json.Number:
+			v = t.String()
+		case bool:
+			v = "off"
+			if t {
+				v = "on"
+			}
+		case nil:
+			if *typeErr == nil {
+				*typeErr = fmt.Errorf("Invalid parameter type for '%s', expected: string", name)
+			}
+			continue
+		}
+		*parts = append(*parts, name+"="+strings.ReplaceAll(v, ",", ",,"))
+	}
+	_, err := dec.Token() // the closing delimiter
+	return err
+}
+
+func jsonParseError(err error) error {
+	return fmt.Errorf("Could not parse the JSON options: JSON parse error, %v", err)
 }

@@ -124,6 +124,11 @@ type snapshotInfo struct {
 // queryImage describes one image, opened read-only without its backing
 // file.
 func queryImage(filename, format string) (*imageInfo, error) {
+	// A backing file may be named file: or json:, as the image itself.
+	filename, err := ResolveFilename(filename, &format)
+	if err != nil {
+		return nil, err
+	}
 	st, err := os.Stat(filename)
 	if err != nil {
 		return nil, openError(filename, err)
