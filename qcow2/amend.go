@@ -85,6 +85,7 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 	p := &amendProgress{report: o.Progress}
 	downgrade := false
 	var grewFrom int64 = -1
+	var zeroFrom int64 = -1 // grown over a longer backing file (resize.go)
 	err := img.exclusive(func() error {
 		if err := img.repairLocked(); err != nil {
 			return err
@@ -139,6 +140,9 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 			if o.Size > old && img.dataFileRaw {
 				grewFrom = old
 			}
+			if o.Size > old && img.backing != nil && img.backingSize > old {
+				zeroFrom = old
+			}
 		}
 		return nil
 	})
@@ -150,6 +154,11 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 	if grewFrom >= 0 {
 		if err := img.preallocate(ctx, PreallocMetadata, grewFrom, false); err != nil {
 			return fmt.Errorf("qcow2: amend: preallocating the grown range: %w", err)
+		}
+	}
+	if zeroFrom >= 0 {
+		if err := img.zeroGrown(zeroFrom, img.size); err != nil {
+			return fmt.Errorf("Failed to zero out the new area: %w", err)
 		}
 	}
 	if downgrade {
@@ -441,6 +450,9 @@ func (img *Image) amendSizeLocked(size int64) error {
 		need := l1EntriesFor(uint64(size), img.clusterBits, img.hdr.L2EntrySize())
 		if need*8 > maxL1Bytes {
 			return errors.New("Failed to grow the L1 table: File too large")
+		}
+		if img.backing != nil && img.backingSize > img.size && !img.v3 && img.zeroStepNeedsFlags(img.size, size, PreallocOff) {
+			return errZeroNewClusters
 		}
 		return img.growLocked(size)
 	}

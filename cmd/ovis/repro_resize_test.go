@@ -493,3 +493,27 @@ func TestReproResizeCompressedExtL2KeepsData(t *testing.T) {
 		t.Errorf("qemu-img check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestReproAmendSizeOverBacking: qemu-img amend -o size= grows through
+// the same truncate as resize, so the grown range hides a longer backing
+// file (ovis's amend showed the backing file's data), and a version 2
+// image is refused alike.
+func TestReproAmendSizeOverBacking(t *testing.T) {
+	for _, l := range []string{"cluster_size=64k", "cluster_size=64k,compat=0.10", "cluster_size=16k,extended_l2=on", "cluster_size=512"} {
+		for _, bsize := range []int64{4 << 20, 1<<20 + 512} {
+			t.Run(fmt.Sprintf("%s/%d", l, bsize), func(t *testing.T) {
+				t.Parallel()
+				qdir, odir := rzTwin(t, func(t *testing.T, dir string) {
+					back := rzBacking(t, dir, "raw", bsize)
+					run("qemu-img", append(append([]string{"create", "-q", "-f", "qcow2", "-o", l}, strings.Fields(back)...), "t.qcow2", "1000k")...)(t, dir)
+					run("qemu-io", "-c", "write -q -P 3 0 64k", "t.qcow2")(t, dir)
+				})
+				for _, size := range []string{"1001k", "3M"} {
+					a := []string{"amend", "-o", "size=" + size, "t.qcow2"}
+					bothRun(t, qdir, odir, a)
+					rzSameLayer(t, qdir, odir, "t.qcow2", strings.Join(a, " "), "off")
+				}
+			})
+		}
+	}
+}
