@@ -32,7 +32,7 @@ func newNBDCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "nbd [OPTIONS] FILE",
-		Short: "Serve a disk image over NBD (qemu-nbd compatible)",
+		Short: "Serve a disk image over NBD, or list a server's exports (qemu-nbd compatible)",
 		Long: "ovis nbd exports FILE (qcow2 or raw) over the Network Block Device protocol with\n" +
 			"qemu-nbd 7.2's options. It serves one export on a TCP port (default 0.0.0.0:10809)\n" +
 			"or a unix socket (-k) and stops after the last client disconnects unless -t is\n" +
@@ -40,7 +40,10 @@ func newNBDCmd() *cobra.Command {
 			"closes the image, removes the socket and pid file, and exits 0.\n\n" +
 			"CAN_MULTI_CONN is advertised when more than one connection is allowed (-e other\n" +
 			"than 1), as qemu-nbd does; every connection shares one device, so a flush on\n" +
-			"one covers the writes of all.",
+			"one covers the writes of all.\n\n" +
+			"With -L it lists the exports of the server at -k, or -b and -p, as qemu-nbd -L\n" +
+			"prints them. Like qemu-nbd it prints nothing on stderr in normal operation, -v\n" +
+			"or not; ovis's own logs are behind --log-level.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f := cmd.Flags()

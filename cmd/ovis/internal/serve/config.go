@@ -35,8 +35,8 @@ const (
 type Discard uint8
 
 const (
-	// DiscardIgnore makes TRIM a successful no-op and drops the unmap
-	// permission of zero writes: the image never shrinks. qemu-nbd's
+	// DiscardIgnore makes TRIM a successful no-op; zero writes may still
+	// unmap when the client allows it, as under qemu-nbd. qemu-nbd's
 	// default.
 	DiscardIgnore Discard = iota
 	// DiscardUnmap passes TRIM and unmapping zero writes to the image.

@@ -7,9 +7,10 @@ import (
 // policyDevice applies qemu-nbd's --discard and --detect-zeroes to a
 // device, as QEMU's block layer does above the format driver:
 //
-//   - with DiscardIgnore, Discard succeeds without reaching the device and
-//     WriteZeroes loses its permission to unmap (QEMU clears
-//     BDRV_REQ_MAY_UNMAP without BDRV_O_UNMAP);
+//   - with DiscardIgnore, Discard succeeds without reaching the device;
+//     WriteZeroes keeps its permission to unmap, as under qemu-nbd (its
+//     zero writes reach the format driver through the BlockBackend with
+//     BDRV_REQ_MAY_UNMAP intact: only discard=unmap's TRIM differs);
 //   - with DetectZeroesOn, a write whose payload is all zeros becomes
 //     WriteZeroes(mayUnmap=false) with the same FUA; with
 //     DetectZeroesUnmap, WriteZeroes(mayUnmap=true), which Validate allows
@@ -45,11 +46,6 @@ func (d policyDevice) WriteAt(p []byte, off int64, fua bool) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-// WriteZeroes zeroes the range; it may unmap only under DiscardUnmap.
-func (d policyDevice) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
-	return d.Device.WriteZeroes(off, n, mayUnmap && d.discard == DiscardUnmap, fua)
 }
 
 // Discard passes the hint on under DiscardUnmap and checks only the range

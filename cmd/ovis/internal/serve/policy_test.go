@@ -49,13 +49,13 @@ func TestPolicy(t *testing.T) {
 	}{
 		{DiscardIgnore, DetectZeroesOff, []string{
 			"write 0+102400 fua=false", "write 4096+102400 fua=true",
-			"zero 0+8192 unmap=false fua=false", "zero 0+8192 unmap=false fua=true"}},
+			"zero 0+8192 unmap=true fua=false", "zero 0+8192 unmap=false fua=true"}},
 		{DiscardUnmap, DetectZeroesOff, []string{
 			"write 0+102400 fua=false", "write 4096+102400 fua=true",
 			"zero 0+8192 unmap=true fua=false", "zero 0+8192 unmap=false fua=true", "discard 512+4096"}},
 		{DiscardIgnore, DetectZeroesOn, []string{
 			"zero 0+102400 unmap=false fua=false", "write 4096+102400 fua=true",
-			"zero 0+8192 unmap=false fua=false", "zero 0+8192 unmap=false fua=true"}},
+			"zero 0+8192 unmap=true fua=false", "zero 0+8192 unmap=false fua=true"}},
 		{DiscardUnmap, DetectZeroesUnmap, []string{
 			"zero 0+102400 unmap=true fua=false", "write 4096+102400 fua=true",
 			"zero 0+8192 unmap=true fua=false", "zero 0+8192 unmap=false fua=true", "discard 512+4096"}},
