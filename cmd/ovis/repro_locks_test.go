@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,6 +166,67 @@ func TestReproLocksHeldImage(t *testing.T) {
 				sameResult(t, name, q, o)
 				if damage != "" {
 					t.Errorf("ovis failed (exit %d) but the held image was %s", o.code, damage)
+				}
+			})
+		}
+	}
+}
+
+// TestReproLocksHeldDataFile: a qcow2 image created with the external data
+// file of an image another process has open is refused as qemu-img refuses
+// it ('Failed to get "resize" lock' naming the data file), before the data
+// file is truncated, and leaves no new image behind.
+func TestReproLocksHeldDataFile(t *testing.T) {
+	for _, args := range [][]string{
+		{"create", "-f", "qcow2", "-o", "data_file=DF", "n.qcow2", "1M"},
+		{"convert", "-O", "qcow2", "-o", "data_file=DF", "src.qcow2", "n.qcow2"},
+	} {
+		for _, h := range []struct {
+			name string
+			args []string
+		}{{"rw", nil}, {"ro", []string{"-r"}}, {"shared", []string{"-r", "-U"}}} {
+			name := strings.Join(args, " ") + " held " + h.name
+			t.Run(name, func(t *testing.T) {
+				run := func(bin string) (result, bool, bool) {
+					dir := t.TempDir()
+					testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "src.qcow2"), "1M")
+					// An absolute data file name: QEMU opens a relative one
+					// from its working directory.
+					df := filepath.Join(dir, "d.raw")
+					testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "data_file="+df, filepath.Join(dir, "x.qcow2"), "1M")
+					testutil.QemuIO(t, filepath.Join(dir, "x.qcow2"), "qcow2", "write -q -P 0xab 0 64k")
+					before, err := os.ReadFile(df)
+					if err != nil {
+						t.Fatal(err)
+					}
+					holdImage(t, filepath.Join(dir, "x.qcow2"), "qcow2", h.args...)
+					argv := slices.Clone(args)
+					for i, a := range argv {
+						argv[i] = strings.ReplaceAll(a, "DF", df)
+					}
+					var r result
+					if bin == "qemu-img" {
+						r = qemuImg(t, dir, argv...)
+					} else {
+						r = ovisImg(t, dir, argv...)
+					}
+					r.stdout = strings.ReplaceAll(r.stdout, df, "DF")
+					r.stderr = strings.ReplaceAll(r.stderr, df, "DF")
+					after, err := os.ReadFile(df)
+					if err != nil {
+						t.Fatal(err)
+					}
+					_, err = os.Stat(filepath.Join(dir, "n.qcow2"))
+					return r, bytes.Equal(before, after), err == nil
+				}
+				q, _, qNew := run("qemu-img")
+				o, same, oNew := run(ovisBin)
+				sameResult(t, name, q, o)
+				if o.code != 0 && !same {
+					t.Errorf("ovis failed but changed the held data file")
+				}
+				if qNew != oNew {
+					t.Errorf("n.qcow2 exists after qemu-img: %v, after ovis: %v", qNew, oNew)
 				}
 			})
 		}

@@ -162,11 +162,19 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 // createQcow2 creates a qcow2 image at path, refusing (before the file is
 // touched) one another process holds.
 func createQcow2(path string, co qcow2.CreateOptions) error {
-	return withCreateLock(path, "qcow2", func() error {
+	create := func() error {
 		if err := qcow2.Create(path, co); err != nil {
 			return createError("qcow2", err)
 		}
 		return nil
+	}
+	return withCreateLock(path, "qcow2", func() error {
+		if co.DataFile == "" {
+			return create()
+		}
+		// The external data file is truncated too: it must not be the
+		// data file of an image in use (QEMU creates it as a raw file).
+		return withCreateLock(combinePath(path, co.DataFile), "raw", create)
 	})
 }
 
