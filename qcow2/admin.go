@@ -190,7 +190,9 @@ func (img *Image) setCopiedLocked(l1Copied func(l2off uint64) (bool, error), l2C
 			return err
 		}
 		if want := withCopied(e, copied); want != e {
-			img.l1[i] = want
+			// QEMU rewrites a changed L1 entry as its offset and
+			// flag only, dropping reserved bits.
+			img.l1[i] = withCopied(e&l1OffsetMask, copied)
 			img.l1Dirty[i] = struct{}{}
 		}
 		if err := img.setCopiedL2Locked(l2off, l2Copied); err != nil {
@@ -288,6 +290,10 @@ func (img *Image) findSnapshot(idOrName string) int {
 	return -1
 }
 
+// ErrSnapshotStatus marks a DeleteSnapshot that failed updating the active
+// tables' COPIED flags (QEMU: "Failed to update snapshot status in disk").
+var ErrSnapshotStatus = errors.New("qcow2: updating the snapshot status")
+
 // ErrSnapshotNotFound is returned for an unknown snapshot ID or name.
 var ErrSnapshotNotFound = errors.New("qcow2: snapshot not found")
 
@@ -366,10 +372,11 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 			return err
 		}
 		// 0. Refuse before changing anything what would fail midway.
-		if err := img.treeRefsFitLocked(img.l1, 1); err != nil {
+		fromZero, err := img.treeRefsFitLocked(img.l1, 1)
+		if err != nil {
 			return err
 		}
-		if err := img.createSnapshotLocked(&sn); err != nil {
+		if err := img.createSnapshotLocked(&sn, fromZero); err != nil {
 			// Best effort: flags set again from the refcounts, so that
 			// a failure leaves at worst leaks, never COPIED errors.
 			if rerr := img.refreshCopiedLocked(); rerr == nil {
@@ -382,7 +389,7 @@ func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) erro
 }
 
 // createSnapshotLocked is CreateSnapshot's work inside exclusive.
-func (img *Image) createSnapshotLocked(sn *Snapshot) error {
+func (img *Image) createSnapshotLocked(sn *Snapshot, fromZero bool) error {
 	// 1. Nothing in the active tables will be exclusively ours: clear
 	// the COPIED flags first. A crash now leaves flags clear on
 	// clusters with refcount 1, which only costs a needless copy
@@ -401,10 +408,29 @@ func (img *Image) createSnapshotLocked(sn *Snapshot) error {
 	if err := img.flushExclusiveLocked(); err != nil {
 		return err
 	}
+	// A cluster counted from 0 (a corrupt refcount) is now 1: QEMU
+	// flags it COPIED again.
+	if fromZero {
+		if err := img.refreshCopiedLocked(); err != nil {
+			return err
+		}
+		if err := img.flushExclusiveLocked(); err != nil {
+			return err
+		}
+	}
 	// 3. The snapshot's copy of the L1 table.
 	l1Bytes := int64(len(img.l1)) * 8
 	if l1Bytes > 0 {
-		off, err := img.writeNewLocked("snapshot L1 table", encodeL1(img.l1, len(img.l1)))
+		// An entry with flags but no offset maps nothing: the copy
+		// holds 0, so that check does not read the header as an L2
+		// table once more for the snapshot.
+		l1 := slices.Clone(img.l1)
+		for i, e := range l1 {
+			if e&l1OffsetMask == 0 {
+				l1[i] = 0
+			}
+		}
+		off, err := img.writeNewLocked("snapshot L1 table", encodeL1(l1, len(l1)))
 		if err != nil {
 			return err
 		}
@@ -441,6 +467,11 @@ func (img *Image) DeleteSnapshot(idOrName string) error {
 		if err != nil {
 			return err
 		}
+		// The active tables' COPIED flags are rewritten last: refuse
+		// first what QEMU fails there.
+		if _, err := img.treeRefsFitLocked(img.l1, 0); err != nil {
+			return fmt.Errorf("%w: %w", ErrSnapshotStatus, err)
+		}
 		snaps := append(append([]Snapshot(nil), img.snapshots[:i]...), img.snapshots[i+1:]...)
 		if err := img.writeSnapshotTableLocked(snaps); err != nil {
 			return err
@@ -448,7 +479,7 @@ func (img *Image) DeleteSnapshot(idOrName string) error {
 		// The header no longer reaches the snapshot: drop its references.
 		// Refused before the first drop if one would fail, leaving the
 		// snapshot's clusters leaked, as QEMU leaves them.
-		if err := img.treeRefsFitLocked(l1, -1); err != nil {
+		if _, err := img.treeRefsFitLocked(l1, -1); err != nil {
 			return err
 		}
 		if err := img.addTreeRefsLocked(l1, -1); err != nil {
@@ -493,7 +524,7 @@ func (img *Image) ApplySnapshot(idOrName string) error {
 			return err
 		}
 		// Refuse before changing anything what would fail midway.
-		if err := img.treeRefsFitLocked(l1, 1); err != nil {
+		if _, err := img.treeRefsFitLocked(l1, 1); err != nil {
 			return err
 		}
 		// 0. The whole disk may change: enabled bitmaps are flagged

@@ -32,6 +32,10 @@ const (
 // "ERROR need to rebuild refcount structures"; -r all rebuilds them).
 var ErrNeedRebuild = fmt.Errorf("qcow2: refcount structures need a rebuild: %w", syscall.EIO)
 
+// maxCheckClusters bounds the clusters a repair grows the file to so that
+// a refcount block lies inside it: 2^26 clusters, 512 MiB of counts.
+const maxCheckClusters = 1 << 26
+
 // RepairKind says what one repair changed.
 type RepairKind int
 
@@ -374,6 +378,15 @@ func (k *checker) refblocks() error {
 			if c >= math.MaxInt32 {
 				k.rebuild = true
 				k.res.msg("ERROR could not resize image: File too large")
+				continue
+			}
+			// QEMU grows the file to whatever the entry names and
+			// counts every cluster up to it (4 TiB of 4 KiB clusters:
+			// 8 GiB of counts here). Past maxCheckClusters the table
+			// is rebuilt instead, without the entry.
+			if c >= maxCheckClusters {
+				k.rebuild = true
+				k.res.msg("ERROR could not resize image: Cannot allocate memory")
 				continue
 			}
 			if err := img.file.Truncate(int64(off + cs)); err != nil {

@@ -381,24 +381,60 @@ func (s *Snapshot) encodeExtra(version uint32) []byte {
 // would be 0): counting it would create a block where the entry points,
 // growing the file by whatever the entry names, so it is refused with
 // QEMU's EAGAIN (QEMU allocates the block, leaks it and fails). Only
-// inside exclusive.
-func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) error {
+// inside exclusive. fromZero reports a cluster of the tree with refcount
+// 0 (a corrupt image), whose count the change would make 1.
+//
+// Damage QEMU meets there first is a corruption event, as QEMU's
+// qcow2_update_snapshot_refcount signals it: a misaligned L2 table or
+// cluster, or an L2 table (whose COPIED flags are rewritten) on other
+// metadata, which QEMU's overlap check refuses. delta 0 checks only that.
+func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) (fromZero bool, err error) {
 	adds := map[int64]uint64{}
-	for _, e := range l1 {
+	cs := uint64(img.clusterSize)
+	// A refcount block past the end of the file reads as all free: the
+	// clusters allocated next would land on metadata, and the block be
+	// written where the entry points. QEMU's allocator takes cluster 0
+	// then, which its overlap check refuses.
+	fileSize, err := img.file.Size()
+	if err != nil {
+		return false, err
+	}
+	for i, e := range img.refTable {
+		if off := e & refTableMask; off != 0 && off >= uint64(fileSize) {
+			if i == 0 {
+				return false, img.corruptionEventLocked("Preventing invalid write on metadata (overlaps with qcow2_header)")
+			}
+			return false, img.corruptionEventLocked("Refblock offset %#x beyond the end of the image (reftable index: %#x)", off, i)
+		}
+	}
+	for i, e := range l1 {
 		l2off := e & l1OffsetMask
 		if l2off == 0 {
 			continue
 		}
+		if l2off%cs != 0 {
+			return false, img.corruptionEventLocked("L2 table offset %#x unaligned (L1 index: %#x)", l2off, i)
+		}
 		adds[int64(l2off>>img.clusterBits)]++
 		buf, err := img.readTableFile(l2off, img.clusterSize)
 		if err != nil {
-			return err
+			return false, err
 		}
 		for j := int64(0); j < img.l2Entries; j++ {
-			for _, c := range img.entryClusters(img.readEntry(buf, j)) {
+			m := img.readEntry(buf, j)
+			if h, ok := img.host(m); ok && m.entry&flagCompressed == 0 && !img.hasDataFile && h%cs != 0 {
+				return false, img.corruptionEventLocked("Cluster allocation offset %#x unaligned (L2 offset: %#x, L2 index: %#x)", h, l2off, j)
+			}
+			for _, c := range img.entryClusters(m) {
 				adds[c]++
 			}
 		}
+		if what := img.overlapLocked(l2off, cs, "active L2 table"); what != "" {
+			return false, img.corruptionEventLocked("Preventing invalid write on metadata (overlaps with %s)", what)
+		}
+	}
+	if delta == 0 {
+		return false, nil
 	}
 	clusters := make([]int64, 0, len(adds))
 	for c := range adds {
@@ -412,18 +448,49 @@ func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) error {
 			return err
 		})
 		if err != nil {
-			return err
+			return false, err
 		}
 		if blk == nil {
-			return fmt.Errorf("qcow2: cluster %#x is referenced but no refcount block covers it: %w", c*img.clusterSize, syscall.EAGAIN)
+			return false, fmt.Errorf("qcow2: cluster %#x is referenced but no refcount block covers it: %w", c*img.clusterSize, syscall.EAGAIN)
 		}
 		rc, n := getRefcount(blk.buf, c%img.rcPerBlock, img.rcBits), adds[c]
+		fromZero = fromZero || rc == 0
 		if delta > 0 && img.maxRefcount()-rc < n {
-			return fmt.Errorf("qcow2: refcount of cluster %#x would overflow %d bits: %w", c*img.clusterSize, img.rcBits, syscall.EINVAL)
+			return false, fmt.Errorf("qcow2: refcount of cluster %#x would overflow %d bits: %w", c*img.clusterSize, img.rcBits, syscall.EINVAL)
 		}
 		if delta < 0 && rc < n {
-			return fmt.Errorf("qcow2: refcount of cluster %#x would drop below zero (is %d): %w", c*img.clusterSize, rc, syscall.EINVAL)
+			return false, fmt.Errorf("qcow2: refcount of cluster %#x would drop below zero (is %d): %w", c*img.clusterSize, rc, syscall.EINVAL)
 		}
 	}
-	return nil
+	return fromZero, nil
+}
+
+// CorruptionEvent is a corruption QEMU reports through
+// qcow2_signal_corruption: the image is marked corrupt on disk and the
+// operation fails with EIO. qemu-img prints Message on stderr before its
+// error.
+type CorruptionEvent struct {
+	What string
+}
+
+func (e *CorruptionEvent) Error() string { return "qcow2: corrupt image: " + e.What }
+
+// Unwrap makes the event an EIO, as QEMU returns it.
+func (e *CorruptionEvent) Unwrap() error { return syscall.EIO }
+
+// Message is QEMU's line for a writable image.
+func (e *CorruptionEvent) Message() string {
+	return "qcow2: Marking image as corrupt: " + e.What + "; further corruption events will be suppressed"
+}
+
+// corruptionEventLocked marks the image corrupt on disk, as QEMU does on
+// a fatal corruption event, and returns the event.
+func (img *Image) corruptionEventLocked(format string, args ...any) error {
+	ev := &CorruptionEvent{What: fmt.Sprintf(format, args...)}
+	img.corruptSignalled = true
+	img.hdr.IncompatibleFeatures |= IncompatCorrupt
+	if err := img.writeHeaderLocked(); err != nil {
+		return fmt.Errorf("%w (marking the image corrupt: %v)", ev, err)
+	}
+	return ev
 }

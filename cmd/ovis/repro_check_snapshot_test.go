@@ -372,30 +372,7 @@ func TestCheckRepairFuzzLikeQemu(t *testing.T) {
 		seed = v
 	}
 	dir := t.TempDir()
-	type base struct {
-		name, path string
-		raw        []byte
-	}
-	var bases []base
-	for i, b := range []struct {
-		opts string
-		io   []string
-		snap bool
-	}{
-		{"cluster_size=65536", []string{"write -q -P 0x11 0 64k", "write -q -P 0x22 1M 128k"}, false},
-		{"cluster_size=4096", []string{"write -q -P 0x11 0 12k", "write -q -P 0x22 64k 8k", "write -q -P 0x33 1M 4k"}, false},
-		{"cluster_size=4096,refcount_bits=1", []string{"write -q -P 0x11 0 8k", "write -q -P 0x22 512k 4k"}, false},
-		{"cluster_size=4096", []string{"write -q -P 0x11 0 8k", "write -q -P 0x22 64k 4k"}, true},
-	} {
-		p := filepath.Join(dir, fmt.Sprintf("base%d.qcow2", i))
-		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", b.opts, p, "2M")
-		testutil.QemuIO(t, p, "qcow2", b.io...)
-		if b.snap {
-			testutil.QemuImg(t, "snapshot", "-c", "s", p)
-			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x44 4k 4k")
-		}
-		bases = append(bases, base{b.opts, p, testutil.ConvertToRaw(t, p)})
-	}
+	bases := fuzzBases(t, dir)
 	rng := rand.New(rand.NewSource(seed))
 	for i := range n {
 		b := bases[rng.Intn(len(bases))]
@@ -406,25 +383,13 @@ func TestCheckRepairFuzzLikeQemu(t *testing.T) {
 		pokeBE(t, q, off, size, val)
 		copyFile(t, q, o)
 		qr := qemuImg(t, dir, "check", "-r", "all", "q.qcow2")
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		cmd := exec.CommandContext(ctx, ovisBin, "img", "check", "-r", "all", "o.qcow2")
-		cmd.Dir = dir
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		cmd.Run()
-		hung := ctx.Err() != nil
-		cancel()
-		if hung {
-			t.Errorf("%s: ovis img check -r all hung", name)
-			continue
-		}
-		if strings.Contains(stderr.String(), "panic:") || strings.Contains(stderr.String(), "goroutine ") {
-			t.Errorf("%s: ovis img check -r all crashed:\n%s", name, stderr.String())
+		stderr, ok := runOvisBounded(t, dir, name, "img", "check", "-r", "all", "o.qcow2")
+		if !ok {
 			continue
 		}
 		qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
 		if qc.ok && (!oc.ok || oc.Corruptions > qc.Corruptions || oc.CheckErrors > qc.CheckErrors) {
-			t.Errorf("%s: qemu-img check after ovis's repair %+v, after qemu-img's %+v\nqemu-img -r all: %s\novis -r all: %s", name, oc, qc, qr.stderr, stderr.String())
+			t.Errorf("%s: qemu-img check after ovis's repair %+v, after qemu-img's %+v\nqemu-img -r all: %s\novis -r all: %s", name, oc, qc, qr.stderr, stderr)
 		}
 		if !qc.ok {
 			continue
@@ -445,6 +410,134 @@ func TestCheckRepairFuzzLikeQemu(t *testing.T) {
 				t.Errorf("%s: guest data at %#x lost by ovis's repair, kept by qemu-img's", name, c)
 				break
 			}
+		}
+	}
+}
+
+// fuzzBase is an undamaged image for the fuzz tests, and its guest view.
+type fuzzBase struct {
+	name, path string
+	raw        []byte
+	snap       bool // has a snapshot "s"
+}
+
+// fuzzBases makes small images with qemu-img: two cluster sizes, a
+// refcount width of 1 and an internal snapshot.
+func fuzzBases(t *testing.T, dir string) []fuzzBase {
+	t.Helper()
+	var bases []fuzzBase
+	for i, b := range []struct {
+		opts string
+		io   []string
+		snap bool
+	}{
+		{"cluster_size=65536", []string{"write -q -P 0x11 0 64k", "write -q -P 0x22 1M 128k"}, false},
+		{"cluster_size=4096", []string{"write -q -P 0x11 0 12k", "write -q -P 0x22 64k 8k", "write -q -P 0x33 1M 4k"}, false},
+		{"cluster_size=4096,refcount_bits=1", []string{"write -q -P 0x11 0 8k", "write -q -P 0x22 512k 4k"}, false},
+		{"cluster_size=4096", []string{"write -q -P 0x11 0 8k", "write -q -P 0x22 64k 4k"}, true},
+	} {
+		p := filepath.Join(dir, fmt.Sprintf("base%d.qcow2", i))
+		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", b.opts, p, "2M")
+		testutil.QemuIO(t, p, "qcow2", b.io...)
+		if b.snap {
+			testutil.QemuImg(t, "snapshot", "-c", "s", p)
+			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x44 4k 4k")
+		}
+		bases = append(bases, fuzzBase{b.opts, p, testutil.ConvertToRaw(t, p), b.snap})
+	}
+	return bases
+}
+
+// runOvisBounded runs ovis with args in dir, failing the test (and
+// returning false) if it runs for a minute or panics.
+func runOvisBounded(t *testing.T, dir, name string, args ...string) (string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, ovisBin, args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cmd.Run()
+	if ctx.Err() != nil {
+		t.Errorf("%s: ovis %s hung", name, strings.Join(args, " "))
+		return "", false
+	}
+	if strings.Contains(stderr.String(), "panic:") || strings.Contains(stderr.String(), "goroutine ") {
+		t.Errorf("%s: ovis %s crashed:\n%s", name, strings.Join(args, " "), stderr.String())
+		return "", false
+	}
+	return stderr.String(), true
+}
+
+// TestSnapshotFuzzLikeQemu damages images as TestCheckRepairFuzzLikeQemu
+// does, then creates, applies or deletes a snapshot with ovis and with
+// qemu-img on twins. ovis must not crash or hang; whether it succeeds or
+// fails, it must leave no more corruptions or check errors than the
+// damage made, and the guest data as it was unless a snapshot was
+// applied. OVIS_SNAPSHOT_FUZZ=N runs N cases.
+func TestSnapshotFuzzLikeQemu(t *testing.T) {
+	n := 16
+	if raceEnabled {
+		n = 8
+	}
+	if s := os.Getenv("OVIS_SNAPSHOT_FUZZ"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = v
+	}
+	dir := t.TempDir()
+	bases := fuzzBases(t, dir)
+	rng := rand.New(rand.NewSource(14))
+	for i := range n {
+		b := bases[rng.Intn(len(bases))]
+		what, off, size, val := fuzzDamage(t, rng, b.path)
+		verb := [][]string{{"-c", "new"}, {"-a", "s"}, {"-d", "s"}}[rng.Intn(3)]
+		if !b.snap {
+			verb = []string{"-c", "new"}
+		}
+		name := fmt.Sprintf("%d %s: %s at %#x = %#x, snapshot %s", i, b.name, what, off, val, strings.Join(verb, " "))
+		q, o := filepath.Join(dir, "q.qcow2"), filepath.Join(dir, "o.qcow2")
+		copyFile(t, b.path, q)
+		pokeBE(t, q, off, size, val)
+		copyFile(t, q, o)
+		before := qemuCheckCounts(t, o)
+		if !before.ok {
+			continue
+		}
+		raw, rawOK := convertRaw(t, o)
+		qr := qemuImg(t, dir, append(append([]string{"snapshot"}, verb...), "q.qcow2")...)
+		stderr, ok := runOvisBounded(t, dir, name, append(append([]string{"img", "snapshot"}, verb...), "o.qcow2")...)
+		if !ok {
+			continue
+		}
+		// On a damaged image qemu-img may spread the damage too: ovis
+		// must do no worse than the damage or qemu-img, whichever is
+		// worse.
+		if qr.code != 0 && qr.code != 1 {
+			// qemu-img crashed (an assertion on a table at offset 0):
+			// nothing to compare with.
+			continue
+		}
+		after, qafter := qemuCheckCounts(t, o), qemuCheckCounts(t, q)
+		bound := before
+		if qafter.ok {
+			bound.Corruptions = max(bound.Corruptions, qafter.Corruptions)
+			bound.CheckErrors = max(bound.CheckErrors, qafter.CheckErrors)
+		}
+		if !after.ok || after.Corruptions > bound.Corruptions || after.CheckErrors > bound.CheckErrors {
+			t.Errorf("%s: qemu-img check %+v after ovis, %+v before, %+v after qemu-img\nqemu-img: %d %s\novis: %s", name, after, before, qafter, qr.code, qr.stderr, stderr)
+		}
+		if verb[0] == "-a" || !rawOK {
+			continue
+		}
+		if qraw, ok := convertRaw(t, q); !ok || !bytes.Equal(qraw, raw) {
+			continue
+		}
+		if got, ok := convertRaw(t, o); !ok || !bytes.Equal(got, raw) {
+			t.Errorf("%s: guest data changed, qemu-img's twin kept it\nqemu-img: %d %s\novis: %s", name, qr.code, qr.stderr, stderr)
 		}
 	}
 }

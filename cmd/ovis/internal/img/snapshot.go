@@ -58,14 +58,14 @@ func Snapshot(cfg SnapshotConfig, stdout, stderr io.Writer) error {
 		// layer, and warns again.
 		rawProbeWarning(stderr, cfg.Filename)
 	}
-	err = snapshotOn(img, cfg, stdout)
+	err = snapshotOn(img, cfg, stdout, stderr)
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	return err
 }
 
-func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
+func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) error {
 	switch cfg.Action {
 	case SnapshotList:
 		if img == nil || len(img.Snapshots()) == 0 {
@@ -97,6 +97,7 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 			name = name[:snapshotNameMax]
 		}
 		if err := img.CreateSnapshot("", name, uint32(t.Unix()), uint32(t.Nanosecond()/1000*1000)); err != nil {
+			corruptionMessage(err, stderr)
 			// qemu-img prints the errno bdrv_snapshot_create returned.
 			var errno syscall.Errno
 			if errors.As(err, &errno) {
@@ -109,6 +110,7 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 			return fmt.Errorf("Could not apply snapshot '%s': Block driver does not support snapshots", cfg.Name)
 		}
 		if err := img.ApplySnapshot(cfg.Name); err != nil {
+			corruptionMessage(err, stderr)
 			if errors.Is(err, qcow2.ErrSnapshotNotFound) {
 				return fmt.Errorf("Could not apply snapshot '%s': Failed to load snapshot: No such file or directory", cfg.Name)
 			}
@@ -133,12 +135,26 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout io.Writer) error {
 			return fmt.Errorf("Could not delete snapshot '%s': snapshot not found", cfg.Name)
 		}
 		if err := img.DeleteSnapshot(id); err != nil {
+			corruptionMessage(err, stderr)
 			var errno syscall.Errno
 			if errors.As(err, &errno) {
-				return fmt.Errorf("Could not delete snapshot '%s': Failed to free the cluster and L1 table: %s", cfg.Name, strerror(errno))
+				what := "Failed to free the cluster and L1 table"
+				if errors.Is(err, qcow2.ErrSnapshotStatus) {
+					what = "Failed to update snapshot status in disk"
+				}
+				return fmt.Errorf("Could not delete snapshot '%s': %s: %s", cfg.Name, what, strerror(errno))
 			}
 			return fmt.Errorf("Could not delete snapshot '%s': %s", cfg.Name, strerror(err))
 		}
 	}
 	return nil
+}
+
+// corruptionMessage prints the line QEMU prints when an operation meets a
+// corruption event, before the operation's error.
+func corruptionMessage(err error, stderr io.Writer) {
+	var ev *qcow2.CorruptionEvent
+	if errors.As(err, &ev) {
+		fmt.Fprintln(stderr, ev.Message())
+	}
 }
