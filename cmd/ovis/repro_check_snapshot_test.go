@@ -212,6 +212,25 @@ func TestReproSnapshotFailureLeavesImage(t *testing.T) {
 			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x77 0 64k")
 			pokeBE(t, p, 0x40008, 8, 0x0000010000050000)
 		}, []string{"-d", "a"}},
+		// Found by TestSnapshotFuzzLikeQemu:
+		{"create, refcount block 1 TiB past the end", func(p string) {
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096,refcount_bits=1", p, "2M")
+			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 8k", "write -q -P 0x22 512k 4k")
+			pokeBE(t, p, 0x1000, 8, 1<<40)
+		}, []string{"-c", "s1"}},
+		{"create, unaligned cluster", func(p string) {
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", p, "2M")
+			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 12k")
+			pokeBE(t, p, 0x4008, 8, 0x8000000000006200)
+		}, []string{"-c", "s1"}},
+		{"delete, active L2 table on the refcount table", func(p string) {
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", p, "2M")
+			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 8k")
+			testutil.QemuImg(t, "snapshot", "-c", "s", p)
+			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x44 4k 4k")
+			l1 := int64(peekBE(t, p, 40, 8))
+			pokeBE(t, p, l1, 8, 0x8000000000001000)
+		}, []string{"-d", "s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, _, o := twins(t, tc.build)
@@ -230,6 +249,11 @@ func TestReproSnapshotFailureLeavesImage(t *testing.T) {
 			after := qemuCheckCounts(t, o)
 			if !after.ok || after.Corruptions > before.Corruptions || after.CheckErrors > before.CheckErrors {
 				t.Errorf("qemu-img check after the failed snapshot: %+v, before %+v", after, before)
+			}
+			// A corruption event marks the image corrupt, as QEMU
+			// marks it; the twins agree on that bit.
+			if qb, ob := peekBE(t, filepath.Join(dir, "q.qcow2"), 72, 8)&2, peekBE(t, o, 72, 8)&2; qb != ob {
+				t.Errorf("corrupt bit %d, qemu-img's %d", ob>>1, qb>>1)
 			}
 			if got, ok := convertRaw(t, o); rawOK && (!ok || !bytes.Equal(got, beforeRaw)) {
 				t.Errorf("guest data changed by the failed snapshot")
