@@ -376,9 +376,9 @@ func TestAmendDirtyImageLikeQemu(t *testing.T) {
 // keeps, and must leave no more corruptions than qemu-img's repair
 // leaves. OVIS_CHECK_FUZZ=N runs N cases instead of the bounded default.
 func TestCheckRepairFuzzLikeQemu(t *testing.T) {
-	n := 24
+	n := 20
 	if raceEnabled {
-		n = 12
+		n = 10
 	}
 	if s := os.Getenv("OVIS_CHECK_FUZZ"); s != "" {
 		v, err := strconv.Atoi(s)
@@ -410,6 +410,9 @@ func TestCheckRepairFuzzLikeQemu(t *testing.T) {
 		stderr, ok := runOvisBounded(t, dir, name, "img", "check", "-r", "all", "o.qcow2")
 		if !ok {
 			continue
+		}
+		if os.Getenv("OVIS_CHECK_FUZZ_LOG") != "" && normStderr(qr.stderr) != normStderr(stderr) {
+			t.Logf("%s: messages differ\nqemu-img: %s\novis: %s", name, qr.stderr, stderr)
 		}
 		qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
 		if qc.ok && (!oc.ok || oc.Corruptions > qc.Corruptions || oc.CheckErrors > qc.CheckErrors) {
@@ -501,9 +504,9 @@ func runOvisBounded(t *testing.T, dir, name string, args ...string) (string, boo
 // damage made, and the guest data as it was unless a snapshot was
 // applied. OVIS_SNAPSHOT_FUZZ=N runs N cases.
 func TestSnapshotFuzzLikeQemu(t *testing.T) {
-	n := 16
+	n := 10
 	if raceEnabled {
-		n = 8
+		n = 5
 	}
 	if s := os.Getenv("OVIS_SNAPSHOT_FUZZ"); s != "" {
 		v, err := strconv.Atoi(s)
