@@ -365,21 +365,17 @@ func flattenJSONFilename(s string) (flat string, topFile bool, err error) {
 	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
-		return "", false, jsonParseError(err)
+		return "", false, jsonParseError(s, dec.InputOffset(), err)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return "", false, errors.New("Invalid JSON object given")
 	}
 	var parts []string
-	var typeErr error
-	if err := flattenJSON(dec, "", '}', &parts, &typeErr); err != nil {
-		return "", false, jsonParseError(err)
+	if err := flattenJSON(dec, "", '}', &parts); err != nil {
+		return "", false, jsonParseError(s, dec.InputOffset(), err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return "", false, errors.New("Could not parse the JSON options: JSON parse error, trailing characters")
-	}
-	if typeErr != nil {
-		return "", false, typeErr
+		return "", false, errors.New("Could not parse the JSON options: Expecting at most one JSON value")
 	}
 	// The file protocol alone: ovis reads it as a raw image.
 	for i, p := range parts {
@@ -399,7 +395,7 @@ func flattenJSONFilename(s string) (flat string, topFile bool, err error) {
 
 // flattenJSON appends the members of the object (end '}') or the items of
 // the list (end ']') dec is inside of to parts, named after prefix.
-func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]string, typeErr *error) error {
+func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]string) error {
 	for i := 0; dec.More(); i++ {
 		name := fmt.Sprintf("%s%d", prefix, i)
 		if end == '}' {
@@ -420,7 +416,7 @@ func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]stri
 			if t == '[' {
 				close = ']'
 			}
-			if err := flattenJSON(dec, name+".", close, parts, typeErr); err != nil {
+			if err := flattenJSON(dec, name+".", close, parts); err != nil {
 				return err
 			}
 			continue
@@ -434,10 +430,7 @@ func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]stri
 				v = "on"
 			}
 		case nil:
-			if *typeErr == nil {
-				*typeErr = fmt.Errorf("Invalid parameter type for '%s', expected: string", name)
-			}
-			continue
+			continue // QEMU drops null members
 		}
 		*parts = append(*parts, name+"="+strings.ReplaceAll(v, ",", ",,"))
 	}
@@ -445,6 +438,61 @@ func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]stri
 	return err
 }
 
-func jsonParseError(err error) error {
-	return fmt.Errorf("Could not parse the JSON options: JSON parse error, %v", err)
+// jsonParseError words a JSON syntax error of s as QEMU's parser does
+// where it can.
+func jsonParseError(s string, at int64, err error) error {
+	const prefix = "Could not parse the JSON options: "
+	var se *json.SyntaxError
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		if strings.TrimSpace(s) == "" {
+			return errors.New(prefix + "Expecting a JSON value")
+		}
+		return errors.New(prefix + "JSON parse error, premature EOI")
+	case errors.As(err, &se):
+		letter := func(i int) bool {
+			return i >= 0 && i < len(s) && ('a' <= s[i] && s[i] <= 'z' || 'A' <= s[i] && s[i] <= 'Z')
+		}
+		// The offending byte: the decoder's offsets differ by case, so
+		// a letter (a bare word) is looked for first, then a separator.
+		cands := []int{int(se.Offset), int(at), int(se.Offset) - 1}
+		pos := -1
+		for _, i := range cands {
+			if letter(i) {
+				pos = i
+				break
+			}
+		}
+		if pos < 0 {
+			for _, i := range cands {
+				if i >= 0 && i < len(s) && strings.IndexByte("}],:", s[i]) >= 0 {
+					pos = i
+					break
+				}
+			}
+		}
+		// A bare word: QEMU's lexer names its run of letters.
+		if letter(pos) {
+			lo, hi := pos, pos
+			for letter(lo - 1) {
+				lo--
+			}
+			for letter(hi + 1) {
+				hi++
+			}
+			return fmt.Errorf(prefix+"JSON parse error, invalid keyword '%s'", s[lo:hi+1])
+		}
+		switch msg := se.Error(); {
+		case strings.Contains(msg, "after object key:value pair"):
+			return errors.New(prefix + "JSON parse error, expected separator in dict")
+		case strings.Contains(msg, "after array element"):
+			return errors.New(prefix + "JSON parse error, expected separator in list")
+		case strings.Contains(msg, "after object key"):
+			return errors.New(prefix + "JSON parse error, missing : in object pair")
+		}
+		if pos >= 0 && strings.IndexByte("}],:", s[pos]) >= 0 {
+			return errors.New(prefix + "JSON parse error, expecting value")
+		}
+	}
+	return fmt.Errorf(prefix+"JSON parse error, %v", err)
 }
