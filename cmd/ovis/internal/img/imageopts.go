@@ -34,6 +34,9 @@ type ImageOpts struct {
 	L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize int64
 	// CacheCleanInterval is cache-clean-interval, -1 when not given.
 	CacheCleanInterval int
+	// FileProtocol is a json: name whose top driver is the file
+	// protocol, which ovis reads as a raw image and info names "file".
+	FileProtocol bool
 	// Discard and DetectZeroes are the discard and detect-zeroes options,
 	// "" when not given (an NBD export uses them; qemu-img ignores them).
 	Discard, DetectZeroes string
@@ -338,6 +341,7 @@ func ResolveFilename(name string, format *string) (string, error) {
 			return "", fmt.Errorf("Could not open '%s': %w", name, err)
 		}
 		io.Spec = name
+		io.FileProtocol = topFile
 		registerImageOpts(io)
 		if format != nil && *format == "" {
 			*format = io.Driver

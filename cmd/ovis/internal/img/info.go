@@ -188,6 +188,9 @@ func queryImage(filename, format string) (*imageInfo, error) {
 	default:
 		return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 	}
+	if io := imageOptsFor(filename); io != nil && io.FileProtocol && format == "raw" {
+		info.format = "file" // json:{"driver":"file",...}, read as raw
+	}
 	return info, nil
 }
 
