@@ -234,15 +234,16 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 	if err := img.Flush(); err != nil {
 		return err
 	}
-	if img.hasDataFile {
-		if tail := img.size & (img.subSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil {
-			// QEMU's copy-on-write fills the newly mapped last
-			// (sub)cluster past the end with zeros, which extends the data
-			// file.
-			if _, err := img.data.WriteAt(make([]byte, img.subSize-tail), img.size); err != nil {
-				return fmt.Errorf("qcow2: writing the data file: %w", err)
-			}
+	if tail := img.size & (img.subSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil && (mode == PreallocMetadata || img.hasDataFile) {
+		// QEMU's preallocate_co copies on write: the newly mapped last
+		// (sub)cluster gets zeros past the end, which extends a data file.
+		r := runs[len(runs)-1]
+		at := r.off + r.n - img.clusterSize + img.size&(img.clusterSize-1)
+		if _, err := img.data.WriteAt(make([]byte, img.subSize-tail), at); err != nil {
+			return fmt.Errorf("qcow2: writing the last cluster's tail: %w", err)
 		}
+	}
+	if img.hasDataFile {
 		// QEMU's preallocate_co: metadata only maps the data file; falloc
 		// and full reserve what it lacks up to the new end.
 		dataMode := mode
