@@ -151,9 +151,19 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 // written with zeros.
 func (img *Image) zeroGrown(old, size int64) error {
 	if !img.v3 {
-		// No zero flag (reached only when falloc or full stopped early):
-		// zeros are written.
+		// No zero flag: reached when the range lies within the old end's
+		// cluster (QEMU refuses more) or falloc or full stopped early.
 		return img.WriteZeroes(old, size-old, false, false)
+	}
+	// As a write would, but leaving dirty bitmaps alone: QEMU zeroes
+	// below the layer that records writes.
+	img.mu.Lock()
+	need := img.needRebuild || (img.lazy && !img.markedDirty) || img.bm.pending.Load()
+	img.mu.Unlock()
+	if need {
+		if err := img.beforeFirstWrite(); err != nil {
+			return err
+		}
 	}
 	start := min(alignUp(old, img.subSize), size)
 	if start > old {
@@ -167,6 +177,9 @@ func (img *Image) zeroGrown(old, size int64) error {
 		first := (off & (img.clusterSize - 1)) / img.subSize
 		mask := all &^ (1<<first - 1)
 		if err := img.zeroSubclusters(c, mask, false, false); err != nil {
+			return err
+		}
+		if err := img.endWrite(true, false); err != nil { // keeps the caches bounded
 			return err
 		}
 		off = (c + 1) << img.clusterBits
