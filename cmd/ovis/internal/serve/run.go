@@ -167,7 +167,8 @@ func Run(ctx context.Context, c Config) error {
 	case errors.Is(serveErr, context.Canceled), errors.Is(serveErr, context.DeadlineExceeded), errors.Is(serveErr, nbd.ErrServerClosed):
 		serveErr = nil
 	case serveErr != nil:
-		log.Error("accept failed", "err", serveErr)
+		// Returned, and reported by the command: not logged twice.
+		log.Info("accept failed", "err", serveErr)
 	}
 
 	why := "signal"
@@ -186,7 +187,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	devErr := closeDev()
 	if devErr != nil {
-		log.Error("flushing and closing the image failed", "file", c.File, "err", devErr)
+		log.Info("flushing and closing the image failed", "file", c.File, "err", devErr)
 		devErr = fmt.Errorf("closing %s: %w", c.File, devErr)
 	}
 	cleanupFiles()
