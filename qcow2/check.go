@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"syscall"
 )
 
@@ -251,7 +252,8 @@ func (k *checker) l2(l2off uint64, active bool) error {
 				continue
 			}
 			off, n := img.compressedRange(m.entry)
-			k.inc(off&^511, n+int64(off&511))
+			// QEMU counts from the unaligned offset (same clusters).
+			k.inc(off, n)
 			if active {
 				k.res.AllocatedClusters++
 				k.res.CompressedClusters++
@@ -375,23 +377,30 @@ func (k *checker) refblocks() error {
 				k.res.msg("ERROR could not resize image: Invalid argument")
 				continue
 			}
-			if c >= math.MaxInt32 {
-				k.rebuild = true
-				k.res.msg("ERROR could not resize image: File too large")
-				continue
-			}
-			// QEMU grows the file to whatever the entry names and
+			// QEMU grows the file to whatever the entry names (a
+			// file system refuses past its largest file: EFBIG) and
 			// counts every cluster up to it (4 TiB of 4 KiB clusters:
-			// 8 GiB of counts here). Past maxCheckClusters the table
-			// is rebuilt instead, without the entry.
-			if c >= maxCheckClusters {
-				k.rebuild = true
-				k.res.msg("ERROR could not resize image: Cannot allocate memory")
-				continue
-			}
+			// 8 GiB of counts here). Past maxCheckClusters the file is
+			// only grown to learn whether it can be, then cut back,
+			// and the table is rebuilt without the entry.
 			if err := img.file.Truncate(int64(off + cs)); err != nil {
 				k.rebuild = true
-				k.res.msg("ERROR could not resize image: %v", err)
+				reason := strerrorOf(err)
+				k.res.msg(ErrorReport+"Could not resize file: %s", reason)
+				k.res.msg("ERROR could not resize image: %s", reason)
+				continue
+			}
+			if c >= maxCheckClusters {
+				if err := img.file.Truncate(k.fileSize); err != nil {
+					return fmt.Errorf("qcow2: check: restoring the file size: %w", err)
+				}
+				k.rebuild = true
+				if c >= math.MaxInt32 {
+					// QEMU refuses to check more than INT_MAX clusters.
+					k.res.msg("ERROR could not resize image: File too large")
+				} else {
+					k.res.msg("ERROR could not resize image: Cannot allocate memory")
+				}
 				continue
 			}
 			k.fileSize = int64(off + cs)
@@ -986,6 +995,11 @@ func (img *Image) checkCopiedLocked(ctx context.Context, res *CheckResult, fix R
 				if r == 1 {
 					ne |= flagCopied
 				}
+				// QEMU's overlap check refuses this write when the L1
+				// table is also the entry's L2 table, and fails the
+				// check with the refcount repairs unwritten; ovis
+				// wrote them already, and only this flag makes the
+				// result consistent.
 				if err := img.writeL1EntryLocked(i, ne); err != nil {
 					res.CheckErrors++
 					return err
@@ -1073,6 +1087,13 @@ func (img *Image) overlapLocked(off, n uint64, ign string) string {
 	if ign != "active L1 table" && hit(h.L1TableOffset, uint64(len(img.l1))*8) {
 		return "active L1 table"
 	}
+	if ign != "active L2 table" {
+		for _, e := range img.l1 {
+			if o := e & l1OffsetMask; o != 0 && hit(o, cs) {
+				return "active L2 table"
+			}
+		}
+	}
 	if ign != "refcount table" && hit(h.RefcountTableOffset, uint64(len(img.refTable))*8) {
 		return "refcount table"
 	}
@@ -1149,6 +1170,16 @@ func (img *Image) zeroClusterLocked(i int64) error {
 		return fmt.Errorf("qcow2: zeroing freed cluster at %#x: %w", off, err)
 	}
 	return nil
+}
+
+// strerrorOf is err's errno as C's strerror words it, or err's text.
+func strerrorOf(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		s := errno.Error()
+		return strings.ToUpper(s[:1]) + s[1:]
+	}
+	return err.Error()
 }
 
 // errIO is EIO as qemu-img prints it; errors.Is(errIO, syscall.EIO).

@@ -659,6 +659,36 @@ func fuzzDamage(t *testing.T, rng *rand.Rand, path string) (what string, off int
 	return what, off, size, val
 }
 
+// TestReproCheckFuzzFindings: damage TestCheckRepairFuzzLikeQemu found
+// repaired otherwise than qemu-img repairs it: messages, exit code and
+// resulting file must match.
+func TestReproCheckFuzzFindings(t *testing.T) {
+	for _, tc := range []struct {
+		name, opts string
+		off        int64
+		v          uint64
+	}{
+		// The file system refuses the size: QEMU reports it twice.
+		{"refcount block past the largest file", "cluster_size=65536", 0x10000, 0x2000000000020000},
+		// QEMU counts a compressed cluster from its unaligned offset.
+		{"compressed entry past the end", "cluster_size=4096", 0x4010, 0xdc704d0649a08f5d},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, q, o := twins(t, func(p string) {
+				testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", tc.opts, p, "2M")
+				testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 12k", "write -q -P 0x22 64k 8k")
+				pokeBE(t, p, tc.off, 8, tc.v)
+			})
+			sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+			sameFile(t, "after check -r all", q, o)
+			qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
+			if !oc.ok || oc.Corruptions > qc.Corruptions || oc.CheckErrors > qc.CheckErrors {
+				t.Errorf("qemu-img check after ovis's repair %+v, after qemu-img's %+v", oc, qc)
+			}
+		})
+	}
+}
+
 // TestReproCheckL2OverlapsMetadata: an L1 entry that places an L2 table on
 // the refcount table. check -r all must not write COPIED flags over the
 // refcount table (found by TestCheckRepairFuzzLikeQemu): QEMU's overlap
