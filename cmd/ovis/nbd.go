@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -159,6 +160,7 @@ func newNBDCmd() *cobra.Command {
 			return notifyErr
 		},
 	}
+	cmd.SetFlagErrorFunc(nbdGetoptError)
 	f := cmd.Flags()
 	f.SortFlags = false
 	f.StringVarP(&cfg.Socket, "socket", "k", "", "path of the unix socket to listen on (instead of TCP)")
@@ -239,6 +241,29 @@ func runList(cmd *cobra.Command, args []string, cfg serve.Config, fork bool, obj
 		return errors.New("--tls-hostname is not permitted without --tls-creds")
 	}
 	return serve.List(cmd.Context(), lc, cmd.OutOrStdout())
+}
+
+// pflag's messages and getopt's, which qemu-nbd prints.
+var nbdGetoptErrors = []struct {
+	re     *regexp.Regexp
+	format string
+}{
+	{regexp.MustCompile(`^unknown flag: (--\S+)$`), "unrecognized option '%s'"},
+	{regexp.MustCompile(`^unknown shorthand flag: '(.)' in -\S*$`), "invalid option -- '%s'"},
+	{regexp.MustCompile(`^flag needs an argument: '(.)' in -\S*$`), "option requires an argument -- '%s'"},
+	{regexp.MustCompile(`^flag needs an argument: (--\S+)$`), "option '%s' requires an argument"},
+	{regexp.MustCompile(`^invalid argument ".*" for "(?:-., )?(--\S+)" flag: strconv.ParseBool`), "option '%s' doesn't allow an argument"},
+}
+
+// nbdGetoptError words a command-line error as getopt does for
+// qemu-nbd, followed by its pointer to --help, each line an error report.
+func nbdGetoptError(cmd *cobra.Command, err error) error {
+	for _, g := range nbdGetoptErrors {
+		if m := g.re.FindStringSubmatch(err.Error()); m != nil {
+			return errors.Join(fmt.Errorf(g.format, m[1]), errors.New("Try `ovis nbd --help' for more information."))
+		}
+	}
+	return err
 }
 
 // newLogger returns the logger of --log-level: slog's text lines on w at

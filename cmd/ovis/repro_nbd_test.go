@@ -612,3 +612,23 @@ func TestReproNBDZeroWriteUnmapLikeQemu(t *testing.T) {
 		}
 	}
 }
+
+// TestReproNBDFlagErrorsLikeQemu: command lines getopt refuses (unknown
+// options, missing arguments, an argument to a switch) give qemu-nbd's
+// two error lines, its getopt wording then the pointer to --help, and
+// exit 1.
+func TestReproNBDFlagErrorsLikeQemu(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--foo", "x"}, {"-Z", "x"}, {"--port"}, {"-p"}, {"-e"}, {"--shared"},
+		{"--read-only=yes", "x"}, {"-L", "--bogus"},
+	} {
+		q := runBounded(t, "qemu-nbd", args...)
+		o := runBounded(t, ovisBin, append([]string{"nbd"}, args...)...)
+		want := strings.ReplaceAll(q.stderr, "qemu-nbd: ", "ovis: ")
+		want = strings.ReplaceAll(want, "`qemu-nbd --help'", "`ovis nbd --help'")
+		if q.code != 1 || o.code != 1 || o.stderr != want {
+			t.Errorf("nbd %q:\nqemu-nbd: exit %d %q\n    ovis: exit %d %q", args, q.code, q.stderr, o.code, o.stderr)
+		}
+	}
+}
