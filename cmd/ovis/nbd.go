@@ -82,7 +82,7 @@ func newNBDCmd() *cobra.Command {
 				return runList(cmd, args, cfg, fork, tlsObjects, tlsCreds, tlsHostname)
 			}
 			if len(args) != 1 {
-				return img.UsageError("Invalid number of arguments")
+				return errors.New("Invalid number of arguments\nTry `ovis nbd --help' for more information.")
 			}
 			cfg.File = args[0]
 			switch {

@@ -616,12 +616,12 @@ func TestReproNBDZeroWriteUnmapLikeQemu(t *testing.T) {
 // TestReproNBDFlagErrorsLikeQemu: command lines getopt refuses (unknown
 // options, missing arguments, an argument to a switch) give qemu-nbd's
 // two error lines, its getopt wording then the pointer to --help, and
-// exit 1.
+// exit 1; so does a wrong number of files.
 func TestReproNBDFlagErrorsLikeQemu(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{
 		{"--foo", "x"}, {"-Z", "x"}, {"--port"}, {"-p"}, {"-e"}, {"--shared"},
-		{"--read-only=yes", "x"}, {"-L", "--bogus"},
+		{"--read-only=yes", "x"}, {"-L", "--bogus"}, {}, {"a", "b"},
 	} {
 		q := runBounded(t, "qemu-nbd", args...)
 		o := runBounded(t, ovisBin, append([]string{"nbd"}, args...)...)
