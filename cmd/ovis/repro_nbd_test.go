@@ -218,7 +218,7 @@ func TestReproNBDQuietLikeQemu(t *testing.T) {
 				t.Fatalf("%s --fork %s: no pid file: %v\n%s%s", srv, file, err, out, errOut)
 			}
 			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-			if pid <= 0 || syscall.Kill(pid, syscall.SIGTERM) != nil {
+			if pid <= 0 || !stopDaemon(pid) {
 				t.Errorf("%s --fork %s: pid file %q names no running server", srv, file, b)
 			}
 			got[srv+" "+filepath.Base(file)] = outcome{errOut, code}
@@ -232,6 +232,23 @@ func TestReproNBDQuietLikeQemu(t *testing.T) {
 	if o := got["ovis disk.raw"]; o.code != 1 {
 		t.Errorf("ovis nbd --fork of a probed raw image: exit %d, want 1 as qemu-nbd", o.code)
 	}
+}
+
+// stopDaemon stops a server started with --fork, and reports whether it
+// was running. SIGTERM is sent again until it exits: qemu-nbd loses one
+// that arrives before its main loop runs. SIGKILL after 10 seconds.
+func stopDaemon(pid int) bool {
+	if syscall.Kill(pid, syscall.SIGTERM) != nil {
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); procAlive(pid); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			break
+		}
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
+	return true
 }
 
 // listRun is one run of `qemu-nbd -L` or `ovis nbd -L`.
