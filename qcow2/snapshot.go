@@ -407,6 +407,9 @@ func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) (fromZero bool, er
 			return false, img.corruptionEventLocked("Refblock offset %#x beyond the end of the image (reftable index: %#x)", off, i)
 		}
 	}
+	if err := img.metadataCountedLocked(); err != nil {
+		return false, err
+	}
 	for i, e := range l1 {
 		l2off := e & l1OffsetMask
 		if l2off == 0 {
@@ -493,4 +496,57 @@ func (img *Image) corruptionEventLocked(format string, args ...any) error {
 		return fmt.Errorf("%w (marking the image corrupt: %v)", ev, err)
 	}
 	return ev
+}
+
+// metadataCountedLocked refuses an image whose refcounts call a metadata
+// cluster free: the clusters a snapshot operation allocates could land on
+// it. QEMU's allocator takes the lowest free cluster and its overlap
+// check refuses the write, naming what it would overwrite; so does this,
+// for the lowest such cluster.
+func (img *Image) metadataCountedLocked() error {
+	cs := img.clusterSize
+	var clusters []int64
+	span := func(off uint64, n int64) {
+		if n <= 0 {
+			return
+		}
+		for c := int64(off) / cs; c <= (int64(off)+n-1)/cs; c++ {
+			clusters = append(clusters, c)
+		}
+	}
+	h := &img.hdr
+	span(0, cs)
+	span(h.L1TableOffset, int64(len(img.l1))*8)
+	for _, e := range img.l1 {
+		if o := e & l1OffsetMask; o != 0 {
+			span(o, cs)
+		}
+	}
+	span(h.RefcountTableOffset, int64(len(img.refTable))*8)
+	for _, e := range img.refTable {
+		if o := e & refTableMask; o != 0 {
+			span(o, cs)
+		}
+	}
+	if len(img.snapshots) > 0 {
+		span(h.SnapshotsOffset, snapshotTableLen(img.snapshots))
+	}
+	for _, sn := range img.snapshots {
+		span(sn.L1TableOffset, int64(sn.L1Size)*8)
+	}
+	slices.Sort(clusters)
+	for _, c := range slices.Compact(clusters) {
+		var blk *cacheEntry
+		err := img.retryExclusiveLocked(func() (err error) {
+			blk, err = img.refBlockLocked(c)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if blk == nil || getRefcount(blk.buf, c%img.rcPerBlock, img.rcBits) == 0 {
+			return img.corruptionEventLocked("Preventing invalid write on metadata (overlaps with %s)", img.overlapLocked(uint64(c*cs), uint64(cs), ""))
+		}
+	}
+	return nil
 }

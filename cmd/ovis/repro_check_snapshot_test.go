@@ -223,6 +223,14 @@ func TestReproSnapshotFailureLeavesImage(t *testing.T) {
 			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 12k")
 			pokeBE(t, p, 0x4008, 8, 0x8000000000006200)
 		}, []string{"-c", "s1"}},
+		{"create, refcount block counted free", func(p string) {
+			create(16)(p)
+			pokeBE(t, p, 0x20004, 2, 0)
+		}, []string{"-c", "s1"}},
+		{"create, refcount table used as a refcount block", func(p string) {
+			create(16)(p)
+			pokeBE(t, p, 0x10000, 8, 0x10000)
+		}, []string{"-c", "s1"}},
 		{"delete, active L2 table on the refcount table", func(p string) {
 			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", p, "2M")
 			testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 8k")
