@@ -414,7 +414,7 @@ func (h *handshake) infoGo(opt optType, data []byte) (*negotiated, error) {
 	}
 	e := h.srv.lookup(req.name)
 	if e == nil {
-		return nil, h.finish(h.replyErr(opt, repErrUnknown, fmt.Sprintf("export %q not found", truncate(req.name))))
+		return nil, h.finish(h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not present", sanitizeName(req.name))))
 	}
 	n := h.negotiated(e)
 
@@ -588,7 +588,7 @@ func (h *handshake) metaContext(opt optType, data []byte) error {
 	}
 	e := h.srv.lookup(req.export)
 	if e == nil {
-		return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export %q not found", truncate(req.export)))
+		return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not present", sanitizeName(req.export)))
 	}
 	picked := matchContexts(contextsOf(e), req.queries, !set)
 	for _, c := range picked {
@@ -607,6 +607,16 @@ func (h *handshake) metaContext(opt optType, data []byte) error {
 }
 
 // truncate shortens a client-supplied string for messages and logs.
+// sanitizeName is QEMU's nbd_sanitize_name: a name in a refusal is cut
+// to 80 bytes and marked with "...", so clients see qemu-nbd's message.
+func sanitizeName(s string) string {
+	const max = 80
+	if len(s) >= max {
+		return s[:max] + "..."
+	}
+	return s
+}
+
 func truncate(s string) string {
 	const max = 256
 	if len(s) > max {

@@ -22,7 +22,8 @@ import (
 type Export struct {
 	// Name is what clients ask for (NBD_OPT_GO, NBD_OPT_EXPORT_NAME).
 	// At most 4096 bytes. A client asking for the empty name gets the
-	// export named "" if there is one, else the first export.
+	// export named "" if there is one, else (unless Config.ExactNames)
+	// the first export.
 	Name string
 	// Description is shown to humans (NBD_OPT_LIST, NBD_INFO_DESCRIPTION).
 	// At most 4096 bytes; empty means none.
@@ -165,6 +166,16 @@ type Config struct {
 	// must not block: StateNew delays the next Accept. The default (nil)
 	// reports nothing.
 	ConnState func(net.Conn, ConnState)
+	// ExactNames makes the empty name match only an export named "", as
+	// qemu-nbd -x NAME refuses a client that asks for the default export
+	// ("export '' not present"). The default (false) serves the first
+	// export to it.
+	ExactNames bool
+	// BlockStatus, when non-nil, is called once per client
+	// NBD_CMD_BLOCK_STATUS request that reached the device, with the
+	// length asked for, the time it took and its error (metrics). The
+	// server's own lookups (a sparse read's hole map) are not reported.
+	BlockStatus func(length int64, took time.Duration, err error)
 	// Logger receives the server's logs. nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -414,12 +425,12 @@ func serverTLS(base *tls.Config, clientCAs *x509.CertPool) *tls.Config {
 }
 
 // lookup returns the export a client names, or nil. The empty name picks
-// the export named "" or else the first one.
+// the export named "" or else, unless Config.ExactNames, the first one.
 func (s *Server) lookup(name string) *Export {
 	if e, ok := s.byName[name]; ok {
 		return e
 	}
-	if name == "" {
+	if name == "" && !s.cfg.ExactNames {
 		return &s.exports[0]
 	}
 	return nil

@@ -663,7 +663,11 @@ type statusRun struct {
 // Device.Extent. The runs never exceed the request, never have zero
 // length, and with REQ_ONE there is exactly one per context.
 func (t *transmission) blockStatus(req request) {
+	start := time.Now()
 	runs, err := statusRuns(t.dev, int64(req.offset), int64(req.length), req.flags&cmdFlagReqOne != 0)
+	if f := t.srv.cfg.BlockStatus; f != nil {
+		f(int64(req.length), time.Since(start), err)
+	}
 	if err != nil {
 		errno := errnoOf(err, req.typ)
 		t.log.Warn("request failed", "cmd", "BLOCK_STATUS", "offset", req.offset, "length", req.length, "errno", uint32(errno), "err", err)

@@ -37,8 +37,11 @@ func newNBDCmd() *cobra.Command {
 		Long: "ovis nbd exports FILE (qcow2 or raw) over the Network Block Device protocol with\n" +
 			"qemu-nbd 7.2's options. It serves one export on a TCP port (default 0.0.0.0:10809)\n" +
 			"or a unix socket (-k) and stops after the last client disconnects unless -t is\n" +
-			"given. On SIGINT or SIGTERM it lets requests in service finish, flushes and\n" +
-			"closes the image, removes the socket and pid file, and exits 0.\n\n" +
+			"given. SIGTERM stops it at once, as qemu-nbd: requests in service finish, the\n" +
+			"image is flushed and closed, the socket and pid file are removed, and it exits\n" +
+			"0. SIGINT (Ctrl-C) does the same when no client is attached; with clients\n" +
+			"attached (where qemu-nbd stops and their next I/O fails) the first one says how\n" +
+			"many on stderr and serves until they disconnect, and a second stops at once.\n\n" +
 			"CAN_MULTI_CONN is advertised when more than one connection is allowed (-e other\n" +
 			"than 1), as qemu-nbd does; every connection shares one device, so a flush on\n" +
 			"one covers the writes of all.\n\n" +
@@ -144,6 +147,7 @@ func newNBDCmd() *cobra.Command {
 				return err
 			}
 			cfg.Warnings = cmd.ErrOrStderr()
+			cfg.Interrupts = serveInterrupts()
 			// A server started by --fork tells its parent it is ready; if
 			// it cannot, it stops rather than leave the parent waiting.
 			ctx, cancel := context.WithCancel(cmd.Context())

@@ -24,6 +24,21 @@ const imgGrace = 1500 * time.Millisecond
 // while `ovis up` and `ovis nbd` treat a signal as their normal stop.
 var imgVerb atomic.Bool
 
+// serverInterrupts, set by `ovis up` and `ovis nbd` before they serve,
+// receives SIGINT (Ctrl-C) in place of it cancelling the context: the
+// server stops at once only when no client is attached or on a second
+// Ctrl-C, since stopping under an attached VM fails its next I/O. SIGTERM
+// still cancels the context, a stop at once as for qemu-nbd.
+var serverInterrupts atomic.Pointer[chan struct{}]
+
+// serveInterrupts makes SIGINT reach the returned channel (see
+// serverInterrupts).
+func serveInterrupts() <-chan struct{} {
+	ch := make(chan struct{}, 4)
+	serverInterrupts.Store(&ch)
+	return ch
+}
+
 // interrupts turns SIGINT and SIGTERM into the cancellation of a context.
 // A second signal during an img verb exits at once.
 type interrupts struct {
@@ -49,6 +64,13 @@ func notifyInterrupts(parent context.Context, stderr io.Writer) (*interrupts, co
 					return
 				}
 				sig := s.(syscall.Signal)
+				if ch := serverInterrupts.Load(); ch != nil && sig == syscall.SIGINT {
+					select {
+					case *ch <- struct{}{}:
+					default: // the server has not taken the last ones yet
+					}
+					continue
+				}
 				in.mu.Lock()
 				first := in.sig == 0
 				if first {

@@ -18,8 +18,14 @@ func newUpCmd() *cobra.Command {
 		Long: "up creates DIR/disk0.qcow2 (a sparse qcow2 image of SIZE) if it is missing and\n" +
 			"serves it over NBD on the --listen address as export \"disk0\" (cache writeback,\n" +
 			"persistent, any number of connections with CAN_MULTI_CONN), printing how to\n" +
-			"attach it. Ctrl-C (or SIGTERM) stops it: requests in service finish and the\n" +
-			"image is flushed and closed cleanly.",
+			"attach it (a client asking for the default, empty export name gets disk0 too).\n" +
+			"It binds the port before it creates anything, so a busy port or a disk in use\n" +
+			"by another ovis up leaves the folder as it was.\n\n" +
+			"Ctrl-C with no client attached stops it. With clients attached (a VM), the\n" +
+			"first Ctrl-C says how many and keeps serving until they disconnect, then\n" +
+			"stops; a second Ctrl-C stops at once (their next I/O fails). SIGTERM stops at\n" +
+			"once. Every stop lets requests in service finish and flushes and closes the\n" +
+			"image cleanly.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// What it serves is printed on stdout; the logs repeat
@@ -31,6 +37,8 @@ func newUpCmd() *cobra.Command {
 			if cfg.Logger, err = newLogger(cmd.ErrOrStderr(), logLevel); err != nil {
 				return err
 			}
+			cfg.Interrupts = serveInterrupts()
+			cfg.Warnings = cmd.ErrOrStderr()
 			return serve.Up(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}

@@ -73,7 +73,7 @@ func TestUp(t *testing.T) {
 	}
 	for _, want := range []string{
 		disk + " (created, 20 GiB virtual, sparse qcow2)",
-		"qemu-system-x86_64 -drive file=" + uri + ",format=raw,cache=writeback\n",
+		"qemu-system-x86_64 -m 2G -drive file=BOOT.qcow2,format=qcow2,if=virtio -drive file=" + uri + ",format=raw,if=virtio,cache=writeback\n",
 		"nbdinfo " + uri + "\n",
 	} {
 		if !strings.Contains(out.String(), want) {

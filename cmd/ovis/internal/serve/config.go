@@ -246,6 +246,23 @@ type Config struct {
 	// handshake failed ("ovis: option negotiation failed: ...", the
 	// prefix being the ovis command's). nil means they are not shown.
 	Warnings io.Writer
+	// Listener, when non-nil, is served on instead of binding Socket or
+	// Bind and Port (ovis up binds before it creates the disk). Run
+	// closes it.
+	Listener net.Listener
+	// MetricsListener, when non-nil, serves the metrics in place of
+	// binding MetricsAddr (which must still be set). Run closes it.
+	MetricsListener net.Listener
+	// Interrupts delivers the interactive stops (SIGINT, Ctrl-C). With no
+	// client attached the first one stops the server as ctx does; with
+	// clients attached it reports how many on Warnings and the server
+	// stops once they have all disconnected; the next one stops it at
+	// once (requests in service still finish). nil means none.
+	Interrupts <-chan struct{}
+	// EmptyNameDefault serves the export to a client that asks for the
+	// empty name too (ovis up). The default refuses it unless ExportName
+	// is empty, as qemu-nbd -x does ("export '' not present").
+	EmptyNameDefault bool
 	// Ready, when non-nil, is called once with the listening address
 	// after the pid file was written, before the first client is served.
 	Ready func(addr net.Addr)

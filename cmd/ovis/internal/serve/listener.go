@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 
 	"github.com/ovis-storage/ovis/nbd"
 )
@@ -16,6 +17,9 @@ import (
 // is removed first (qemu-nbd removes any file there; ovis refuses to
 // remove anything that is not a socket).
 func listen(c *Config) (net.Listener, error) {
+	if c.Listener != nil {
+		return c.Listener, nil
+	}
 	if c.Socket != "" {
 		if st, err := os.Lstat(c.Socket); err == nil && st.Mode()&fs.ModeSocket != 0 {
 			os.Remove(c.Socket)
@@ -33,6 +37,11 @@ func listen(c *Config) (net.Listener, error) {
 		var ae *net.AddrError
 		if errors.As(err, &dns) || errors.As(err, &ae) {
 			return nil, fmt.Errorf("address resolution failed for %s: %v", addr, err)
+		}
+		if errors.Is(err, syscall.EADDRINUSE) {
+			// QEMU's inet_listen_saddr tries every address and says
+			// this when all of them are taken.
+			return nil, fmt.Errorf("Failed to find an available port: %s", strerror(err))
 		}
 		return nil, fmt.Errorf("Failed to bind socket: %s", strerror(err))
 	}
@@ -64,6 +73,9 @@ type gate struct {
 	// idle, when non-nil, is called once, when the number of open clients
 	// (handshake completed) drops to zero.
 	idle func()
+	// empty gets a token each time the number of open clients drops to
+	// zero, for a stop that waits for the clients to leave.
+	empty chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -78,7 +90,7 @@ type gate struct {
 
 // newGate wraps l; max 0 means no limit.
 func newGate(l net.Listener, max int, idle func()) *gate {
-	g := &gate{Listener: l, done: make(chan struct{}), idle: idle}
+	g := &gate{Listener: l, done: make(chan struct{}), idle: idle, empty: make(chan struct{}, 1)}
 	if max > 0 {
 		g.slots = make(chan struct{}, max)
 	}
@@ -110,6 +122,13 @@ func (g *gate) Close() error {
 	return g.Listener.Close()
 }
 
+// clients returns the number of open connections past the handshake.
+func (g *gate) clients() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.clients
+}
+
 func (g *gate) release() {
 	if g.slots != nil {
 		<-g.slots
@@ -137,6 +156,12 @@ func (g *gate) connState(c net.Conn, st nbd.ConnState) {
 			g.mu.clients--
 			call = g.mu.clients == 0 && !g.mu.idleCalled && g.idle != nil
 			g.mu.idleCalled = g.mu.idleCalled || call
+			if g.mu.clients == 0 {
+				select {
+				case g.empty <- struct{}{}:
+				default:
+				}
+			}
 		}
 		g.mu.Unlock()
 		g.release()

@@ -35,6 +35,10 @@ type metrics struct {
 	fua      prometheus.Counter
 	conns    *prometheus.GaugeVec
 	accepted prometheus.Counter
+	// lookups counts the device's extent lookups: the server's own (one
+	// per sparse read, several per BLOCK_STATUS request), apart from the
+	// clients' BLOCK_STATUS requests that op="block_status" counts.
+	lookups prometheus.Counter
 
 	// ops holds each operation's children of the vectors, resolved once
 	// so that a request does not hash its label.
@@ -68,7 +72,7 @@ func newMetrics() *metrics {
 		Name: "ovis_block_request_errors_total", Help: "Requests that failed, by operation.",
 	}, []string{"op"})
 	m.bytes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "ovis_block_bytes_total", Help: "Bytes read, written, zeroed or discarded, by operation.",
+		Name: "ovis_block_bytes_total", Help: "Bytes read, written, zeroed or discarded, or whose status was asked for, by operation.",
 	}, []string{"op"})
 	m.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "ovis_block_request_seconds", Help: "Time the device took per request, by operation.",
@@ -84,6 +88,10 @@ func newMetrics() *metrics {
 	m.accepted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ovis_nbd_connections_accepted_total", Help: "Client connections accepted.",
 	})
+	m.lookups = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ovis_block_extent_lookups_total",
+		Help: "Allocation lookups on the device: a sparse read's hole map and the walk of each BLOCK_STATUS request.",
+	})
 	m.ops = map[string]*opMetrics{}
 	for _, op := range []string{opRead, opWrite, opWriteZeroes, opDiscard, opFlush, opBlockStatus} {
 		m.ops[op] = &opMetrics{
@@ -93,7 +101,7 @@ func newMetrics() *metrics {
 			latency:  m.latency.WithLabelValues(op),
 		}
 	}
-	m.reg.MustRegister(m.requests, m.errors, m.bytes, m.latency, m.fua, m.conns, m.accepted,
+	m.reg.MustRegister(m.requests, m.errors, m.bytes, m.latency, m.fua, m.conns, m.accepted, m.lookups,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -137,10 +145,11 @@ func (m *metrics) connState(next func(net.Conn, nbd.ConnState)) func(net.Conn, n
 
 // serveHTTP serves /metrics (and Go's /debug/pprof/) on addr until stop is called. It returns once
 // the listener is bound, so a bad address fails the start of ovis nbd.
-func (m *metrics) serveHTTP(addr string, log *slog.Logger) (stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+func (m *metrics) serveHTTP(addr string, ln net.Listener, log *slog.Logger) (stop func(), err error) {
+	if ln == nil {
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
+		}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
@@ -166,10 +175,24 @@ func (m *metrics) serveHTTP(addr string, log *slog.Logger) (stop func(), err err
 	}, nil
 }
 
+// blockStatus counts a client's BLOCK_STATUS request (nbd.Config.BlockStatus),
+// its length as bytes: the device only sees the extent lookups it takes.
+func (m *metrics) blockStatus(length int64, took time.Duration, err error) {
+	o := m.ops[opBlockStatus]
+	o.requests.Inc()
+	o.latency.Observe(took.Seconds())
+	if err != nil {
+		o.errors.Inc()
+		return
+	}
+	o.bytes.Add(float64(length))
+}
+
 // metricsDevice counts the operations the NBD server issues to the device.
 // They follow the client's requests, except that a long read of a hole may
-// be answered from block status without a device read. Every other method
-// is the device's own.
+// be answered from block status without a device read, and that extent
+// lookups are counted apart (metrics.lookups). Every other method is the
+// device's own.
 type metricsDevice struct {
 	block.Device
 	m *metrics
@@ -242,8 +265,6 @@ func (d metricsDevice) Flush() error {
 }
 
 func (d metricsDevice) Extent(off, n int64) (block.Extent, error) {
-	start := time.Now()
-	e, err := d.Device.Extent(off, n)
-	d.observe(opBlockStatus, start, 0, err)
-	return e, err
+	d.m.lookups.Inc()
+	return d.Device.Extent(off, n)
 }

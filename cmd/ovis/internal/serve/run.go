@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"time"
 
 	"github.com/ovis-storage/ovis/nbd"
 	"github.com/ovis-storage/ovis/qcow2"
@@ -63,7 +64,7 @@ func Run(ctx context.Context, c Config) error {
 	// The metrics listener comes up before the NBD one, so that whoever
 	// waits for the NBD socket can scrape at once.
 	if m != nil {
-		stopMetrics, err := m.serveHTTP(c.MetricsAddr, log)
+		stopMetrics, err := m.serveHTTP(c.MetricsAddr, c.MetricsListener, log)
 		if err != nil {
 			closeDev()
 			return err
@@ -97,6 +98,10 @@ func Run(ctx context.Context, c Config) error {
 	if c.Shared > maxConns {
 		maxConns = c.Shared
 	}
+	var blockStatus func(int64, time.Duration, error)
+	if m != nil {
+		blockStatus = m.blockStatus
+	}
 	srv, err := nbd.New(nbd.Config{
 		Exports: []nbd.Export{{
 			Name:        c.ExportName,
@@ -113,6 +118,8 @@ func Run(ctx context.Context, c Config) error {
 		MaxConnections: maxConns,
 		IdleTimeout:    c.IdleTimeout,
 		ConnState:      connState,
+		BlockStatus:    blockStatus,
+		ExactNames:     !c.EmptyNameDefault,
 		HandshakeFailed: func(err error) {
 			// qemu-nbd reports these with error_report.
 			if msg, ok := nbd.QemuReport(err); ok && c.Warnings != nil {
@@ -157,11 +164,46 @@ func Run(ctx context.Context, c Config) error {
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(runCtx, g) }()
-	var serveErr error
-	select {
-	case <-runCtx.Done():
-		serveErr = <-served
-	case serveErr = <-served:
+	var (
+		serveErr error
+		draining bool
+		why      = "last client left"
+	)
+wait:
+	for {
+		select {
+		case <-runCtx.Done():
+			serveErr = <-served
+			break wait
+		case serveErr = <-served:
+			break wait
+		case <-c.Interrupts:
+			// A token from clients that left before this interrupt
+			// must not end the wait for those attached now.
+			select {
+			case <-g.empty:
+			default:
+			}
+			n := g.clients()
+			if n == 0 || draining {
+				why = "interrupted"
+				stop()
+				continue
+			}
+			// Stopping now would fail the guest's next I/O: wait
+			// for its clients to leave unless told again.
+			draining = true
+			log.Info("interrupted with clients attached; waiting for them to disconnect", "clients", n)
+			if c.Warnings != nil {
+				fmt.Fprintf(c.Warnings, "ovis: %s attached: serving until %s, then stopping; Ctrl-C again stops now (%s next I/O fails)\n",
+					plural(n, "client is", "clients are"), pick(n, "it disconnects", "they disconnect"), pick(n, "its", "their"))
+			}
+		case <-g.empty:
+			if draining {
+				why = "clients left after interrupt"
+				stop()
+			}
+		}
 	}
 	switch {
 	case errors.Is(serveErr, context.Canceled), errors.Is(serveErr, context.DeadlineExceeded), errors.Is(serveErr, nbd.ErrServerClosed):
@@ -171,12 +213,11 @@ func Run(ctx context.Context, c Config) error {
 		log.Info("accept failed", "err", serveErr)
 	}
 
-	why := "signal"
-	if ctx.Err() == nil {
-		why = "last client left"
-		if serveErr != nil {
-			why = "listener failed"
-		}
+	switch {
+	case ctx.Err() != nil:
+		why = "signal"
+	case serveErr != nil:
+		why = "listener failed"
 	}
 	log.Info("stopping", "reason", why)
 	sctx, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
@@ -195,6 +236,22 @@ func Run(ctx context.Context, c Config) error {
 		log.Info("stopped", "file", c.File)
 	}
 	return errors.Join(serveErr, devErr)
+}
+
+// plural is "1 client is" or "N clients are".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// pick chooses the singular or plural wording for n.
+func pick(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // exportBitmaps makes the -B bitmaps of img exportable, with qemu-nbd's

@@ -1,0 +1,441 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ovis-storage/ovis/internal/testutil"
+)
+
+// Regression tests of what a new user meets with `ovis up` and `ovis nbd`
+// next to a VM: the printed attach command, stopping under an attached
+// client, a busy port or disk, the block_status metric, and export names
+// as qemu-nbd answers them.
+
+// upRun is a running `ovis up` started by a test.
+type upRun struct {
+	t              *testing.T
+	cmd            *exec.Cmd
+	stdout, stderr *syncBuffer
+	exited         chan struct{}
+	code           int
+	uri            string
+}
+
+// startUp runs `ovis up args...` in dir and waits until it has printed
+// the last of its attach commands.
+func startUp(t *testing.T, dir string, args ...string) *upRun {
+	t.Helper()
+	u := &upRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	u.cmd = exec.Command(ovisBin, append([]string{"up"}, args...)...)
+	u.cmd.Dir = dir
+	out, err := u.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.cmd.Stderr = u.stderr
+	if err := u.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(io.TeeReader(out, u.stdout))
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		u.cmd.Wait()
+		u.code = u.cmd.ProcessState.ExitCode()
+		close(u.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-u.exited:
+		default:
+			u.cmd.Process.Kill()
+			<-u.exited
+		}
+	})
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				<-u.exited
+				t.Fatalf("ovis up ended (%d) before serving\nstdout: %s\nstderr: %s", u.code, u.stdout, u.stderr)
+			}
+			if m := upURIRE.FindString(l); m != "" && u.uri == "" {
+				u.uri = m
+			}
+			if u.uri != "" && l == "qemu-img info "+u.uri {
+				go func() {
+					for range lines {
+					}
+				}()
+				return u
+			}
+		case <-timeout:
+			t.Fatalf("ovis up printed no attach commands in 30s\nstdout: %s\nstderr: %s", u.stdout, u.stderr)
+		}
+	}
+}
+
+// wait waits for ovis up to exit within d and returns its status.
+func (u *upRun) wait(d time.Duration) int {
+	u.t.Helper()
+	select {
+	case <-u.exited:
+		return u.code
+	case <-time.After(d):
+		u.t.Fatalf("ovis up still running after %v\nstdout: %s\nstderr: %s", d, u.stdout, u.stderr)
+		return -1
+	}
+}
+
+// running reports whether the process is still there after d.
+func running(exited <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-exited:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// waitFor waits until s's text contains want.
+func waitFor(t *testing.T, what string, s *syncBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(s.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %q after 20s:\n%s", what, want, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestReproUpAttachCommandRuns: the VM command ovis up prints gives the
+// disk as a virtio data disk (if=virtio) with memory, next to a boot
+// disk, and says so; run as printed (the boot disk made, the CPU held with
+// -S) qemu-system-x86_64 accepts it and opens both drives, the NBD one
+// from ovis up. The nbdinfo and qemu-img lines are still printed.
+func TestReproUpAttachCommandRuns(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	u := startUp(t, dir, "--listen", "127.0.0.1:0")
+	out := u.stdout.String()
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "qemu-system-x86_64 ") {
+			line = l
+		}
+	}
+	for _, want := range []string{" -m ", "file=BOOT.qcow2,format=qcow2,if=virtio", "file=" + u.uri + ",format=raw,if=virtio,cache=writeback"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("VM command %q lacks %q", line, want)
+		}
+	}
+	for _, want := range []string{"boot disk", "cache=unsafe", "nbdinfo " + u.uri + "\n", "qemu-img info " + u.uri + "\n",
+		"default export, nbd://" + strings.TrimSuffix(strings.TrimPrefix(u.uri, "nbd://"), "disk0") + ", gets disk0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ovis up printed\n%s\nwant %q", out, want)
+		}
+	}
+	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "BOOT.qcow2"), "64M")
+	args := append(strings.Fields(line)[1:], "-nodefaults", "-display", "none", "-S", "-monitor", "stdio")
+	vm := exec.Command("qemu-system-x86_64", args...)
+	vm.Dir = dir
+	vm.Stdin = strings.NewReader("info block\nquit\n")
+	done := make(chan struct{})
+	var vmOut []byte
+	var vmErr error
+	go func() {
+		vmOut, vmErr = vm.CombinedOutput()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		vm.Process.Kill()
+		<-done
+		t.Fatalf("qemu-system-x86_64 %q did not quit in 60s:\n%s", args, vmOut)
+	}
+	if vmErr != nil {
+		t.Fatalf("qemu-system-x86_64 %q: %v\n%s", args, vmErr, vmOut)
+	}
+	for _, want := range []string{"BOOT.qcow2 (qcow2)", u.uri + " (raw)"} {
+		if !strings.Contains(string(vmOut), want) {
+			t.Errorf("qemu-system-x86_64 info block lacks %q:\n%s", want, vmOut)
+		}
+	}
+	u.cmd.Process.Signal(syscall.SIGINT)
+	if code := u.wait(30 * time.Second); code != 0 {
+		t.Errorf("ovis up exited %d\n%s", code, u.stderr)
+	}
+}
+
+// TestReproUpBusyPortChangesNothing: ovis up on a port (or metrics port)
+// that is taken says so in its own words and creates no folder and no
+// disk; a second ovis up in the same folder on another port is told the
+// disk is in use. ovis nbd on a busy port keeps qemu-nbd's wording.
+func TestReproUpBusyPortChangesNothing(t *testing.T) {
+	t.Parallel()
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	_, port, _ := net.SplitHostPort(addr)
+	free := "127.0.0.1:" + freePort(t)
+	for _, c := range []struct {
+		name, want string
+		args       []string
+	}{
+		{"listen", "ovis: up: " + addr + " is in use (another ovis up or NBD server?); stop it or pass --listen HOST:PORT\n",
+			[]string{"--listen", addr}},
+		{"metrics", "ovis: up: " + addr + " is in use (another ovis up or NBD server?); stop it or pass --metrics HOST:PORT\n",
+			[]string{"--listen", free, "--metrics", addr}},
+	} {
+		dir := t.TempDir()
+		r := ovis(t, dir, append([]string{"up"}, c.args...)...)
+		if r.code != 1 || r.stderr != c.want {
+			t.Errorf("%s: ovis up exited %d with\n%s\nwant 1 with\n%s", c.name, r.code, r.stderr, c.want)
+		}
+		if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+			t.Errorf("%s: ovis up that could not serve left %v in its folder", c.name, ents)
+		}
+	}
+
+	// The disk of a running ovis up.
+	dir := t.TempDir()
+	first := startUp(t, dir, "--listen", "127.0.0.1:0")
+	r := ovis(t, dir, "up", "--listen", "127.0.0.1:0")
+	want := "ovis: up: " + filepath.Join("ovis-data", "disk0.qcow2") +
+		" is in use by another process (another ovis up in this folder?); stop it or pass --dir DIR\n"
+	if r.code != 1 || r.stderr != want {
+		t.Errorf("second ovis up exited %d with\n%s\nwant 1 with\n%s", r.code, r.stderr, want)
+	}
+	first.cmd.Process.Signal(syscall.SIGINT)
+	if code := first.wait(30 * time.Second); code != 0 {
+		t.Errorf("first ovis up exited %d\n%s", code, first.stderr)
+	}
+
+	// ovis nbd is qemu-nbd's drop-in: its words, its status.
+	img := filepath.Join(t.TempDir(), "d.qcow2")
+	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", img, "1M")
+	qo, qe, qc := testutil.RunIn(t, "", "qemu-nbd", "-b", "127.0.0.1", "-p", port, "-f", "qcow2", img)
+	oo, oe, oc := testutil.RunIn(t, "", ovisBin, "nbd", "-b", "127.0.0.1", "-p", port, "-f", "qcow2", img)
+	if qc != oc || qo != oo || strings.Replace(qe, "qemu-nbd: ", "ovis: ", 1) != oe {
+		t.Errorf("busy port: qemu-nbd %d %q %q, ovis nbd %d %q %q", qc, qo, qe, oc, oo, oe)
+	}
+}
+
+// TestReproUpInterruptWaitsForClients: a first Ctrl-C while a client is
+// attached says so and keeps serving (the client's writes succeed); the
+// server stops when the client leaves, or at once on a second Ctrl-C; the
+// image is flushed and closed either way. ovis nbd does the same on SIGINT,
+// but SIGTERM stops it at once with status 0, as it stops qemu-nbd.
+func TestReproUpInterruptWaitsForClients(t *testing.T) {
+	t.Parallel()
+	const msg = "ovis: 1 client is attached: serving until it disconnects, then stopping; Ctrl-C again stops now (its next I/O fails)\n"
+	t.Run("up second Ctrl-C", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUp(t, dir, "--listen", "127.0.0.1:0")
+		q := startQemuIO(t, u.uri)
+		q.do("write -P 0x5a 0 64k", "wrote")
+		u.cmd.Process.Signal(syscall.SIGINT)
+		waitFor(t, "ovis up stderr", u.stderr, msg)
+		if !running(u.exited, 500*time.Millisecond) {
+			t.Fatalf("ovis up stopped on the first Ctrl-C with a client attached\n%s", u.stderr)
+		}
+		q.do("write -P 0x5b 1M 64k", "wrote")
+		q.do("read -P 0x5b 1M 64k", "read 65536/65536")
+		u.cmd.Process.Signal(syscall.SIGINT)
+		if code := u.wait(30 * time.Second); code != 0 {
+			t.Fatalf("ovis up exited %d after the second Ctrl-C\n%s", code, u.stderr)
+		}
+		disk := filepath.Join(dir, "ovis-data", "disk0.qcow2")
+		if !strings.Contains(u.stdout.String(), "stopped: "+disk+" is flushed and closed") {
+			t.Errorf("ovis up did not say it stopped cleanly:\n%s", u.stdout)
+		}
+		q.kill()
+		testutil.CheckImage(t, disk)
+		testutil.QemuIO(t, disk, "qcow2", "read -P 0x5a 0 64k", "read -P 0x5b 1M 64k")
+	})
+	t.Run("up client leaves", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		u := startUp(t, dir, "--listen", "127.0.0.1:0")
+		q := startQemuIO(t, u.uri)
+		q.do("write -P 0x6a 0 64k", "wrote")
+		u.cmd.Process.Signal(syscall.SIGINT)
+		waitFor(t, "ovis up stderr", u.stderr, msg)
+		q.do("write -P 0x6b 64k 64k", "wrote")
+		q.in.Close() // qemu-io quits at the end of its input
+		if code := u.wait(30 * time.Second); code != 0 {
+			t.Fatalf("ovis up exited %d after its client left\n%s", code, u.stderr)
+		}
+		disk := filepath.Join(dir, "ovis-data", "disk0.qcow2")
+		testutil.CheckImage(t, disk)
+		testutil.QemuIO(t, disk, "qcow2", "read -P 0x6a 0 64k", "read -P 0x6b 64k 64k")
+	})
+	t.Run("up no client", func(t *testing.T) {
+		t.Parallel()
+		u := startUp(t, t.TempDir(), "--listen", "127.0.0.1:0")
+		u.cmd.Process.Signal(syscall.SIGINT)
+		if code := u.wait(30 * time.Second); code != 0 || u.stderr.String() != "" {
+			t.Errorf("ovis up with no client: exit %d, stderr %q; want 0 and nothing", code, u.stderr)
+		}
+	})
+	t.Run("nbd SIGINT", func(t *testing.T) {
+		t.Parallel()
+		img := filepath.Join(t.TempDir(), "d.qcow2")
+		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", img, "4M")
+		s := startNBD(t, nbdRun{tcp: true, args: []string{"-t", "-f", "qcow2", img}})
+		q := startQemuIO(t, s.uri)
+		q.do("write -P 0x7a 0 64k", "wrote")
+		s.cmd.Process.Signal(syscall.SIGINT)
+		waitFor(t, "ovis nbd stderr", s.stderr, msg)
+		q.do("write -P 0x7b 64k 64k", "wrote")
+		s.stop(syscall.SIGINT)
+		q.kill()
+		testutil.CheckImage(t, img)
+		testutil.QemuIO(t, img, "qcow2", "read -P 0x7a 0 64k", "read -P 0x7b 64k 64k")
+	})
+	// SIGTERM with a client attached: both stop at once, status 0,
+	// nothing on stderr.
+	for _, srv := range servers {
+		t.Run(srv+" SIGTERM", func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "d.qcow2"), "4M")
+			listen, uri := peerAddr(t, true)
+			p := startPeer(t, binOf(srv), dir, listen, uri, "-t", "-f", "qcow2", "d.qcow2")
+			q := startQemuIO(t, uri)
+			q.do("write -P 0x7c 0 64k", "wrote")
+			start := time.Now()
+			if code := p.stop(); code != 0 || p.stderr.String() != "" {
+				t.Errorf("%s after SIGTERM with a client: exit %d, stderr %q; want 0 and nothing", srv, code, p.stderr)
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("%s took %v to stop on SIGTERM", srv, d)
+			}
+			q.kill()
+			testutil.CheckImage(t, filepath.Join(dir, "d.qcow2"))
+		})
+	}
+}
+
+// metric scrapes url and returns the sample called name.
+func metric(t *testing.T, url, name string) float64 {
+	t.Helper()
+	v, ok := scrape(t, url)[name]
+	if !ok {
+		t.Fatalf("no metric %s at %s", name, url)
+	}
+	return v
+}
+
+// TestReproNBDMetricsBlockStatus: ovis_block_requests_total{op="block_status"}
+// counts the BLOCK_STATUS requests of clients (nbdinfo --map sends one,
+// qemu-img map one per extent), not the server's own lookups; a sparse
+// read adds to ovis_block_extent_lookups_total only.
+func TestReproNBDMetricsBlockStatus(t *testing.T) {
+	t.Parallel()
+	dir := shortTempDir(t)
+	img := filepath.Join(dir, "m.qcow2")
+	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", img, "64M")
+	testutil.QemuIO(t, img, "qcow2", "write 1M 64k", "write 8M 64k")
+	maddr := net.JoinHostPort("127.0.0.1", freePort(t))
+	s := startNBD(t, nbdRun{tcp: true, args: []string{"-t", "--metrics", maddr, "-f", "qcow2", img}})
+	url := "http://" + maddr + "/metrics"
+	const bs = `ovis_block_requests_total{op="block_status"}`
+	const lookups = `ovis_block_extent_lookups_total`
+
+	if got := metric(t, url, bs); got != 0 {
+		t.Fatalf("block_status %v before any client", got)
+	}
+	runTool(t, "nbdinfo", "--map", s.uri)
+	if got := metric(t, url, bs); got != 1 {
+		t.Errorf("block_status after nbdinfo --map: %v, want 1", got)
+	}
+	m := testutil.Map(t, s.uri)
+	after := metric(t, url, bs)
+	// QEMU asks once per extent it reports (here 5), never less.
+	if n := float64(len(m)); after-1 < n || after-1 > 2*n {
+		t.Errorf("block_status after qemu-img map of %d extents: %v more, want %v to %v", len(m), after-1, n, 2*n)
+	}
+	before := metric(t, url, lookups)
+	runTool(t, "qemu-io", "-r", "-f", "raw", "-c", "read 0 4M", s.uri)
+	if got := metric(t, url, bs); got != after {
+		t.Errorf("a sparse read counted as %v block_status requests", got-after)
+	}
+	if got := metric(t, url, lookups); got <= before {
+		t.Errorf("a sparse read made no extent lookup (%v, before %v)", got, before)
+	}
+	s.stop(syscall.SIGTERM)
+}
+
+// portRE hides the port of a URI in what the tools print.
+var portRE = regexp.MustCompile(`127\.0\.0\.1:\d+`)
+
+// TestReproNBDExportNamesLikeQemu: a client asking ovis nbd -x NAME for
+// the empty name, or for a missing one, is refused as qemu-nbd refuses it
+// ("export ” not present", long names cut at 80 bytes), as nbdinfo and
+// qemu-img print it with their exit codes; without -x the empty name is
+// the export and any other is refused. ovis up serves disk0 under the
+// empty name too.
+func TestReproNBDExportNamesLikeQemu(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 100)
+	type out struct {
+		stdout, stderr string
+		code           int
+	}
+	for _, x := range []string{"foo", ""} {
+		got := map[string][]out{}
+		for _, srv := range servers {
+			dir := t.TempDir()
+			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "d.qcow2"), "4M")
+			listen, uri := peerAddr(t, true)
+			args := []string{"-t", "-f", "qcow2", "d.qcow2"}
+			if x != "" {
+				args = append([]string{"-x", x}, args...)
+			}
+			p := startPeer(t, binOf(srv), dir, listen, uri, args...)
+			for _, name := range []string{"", "nope", long, "foo"} {
+				for _, tool := range [][]string{{"nbdinfo", "--size"}, {"qemu-img", "info"}} {
+					o, e, c := testutil.RunIn(t, "", tool[0], tool[1], uri+name)
+					got[srv] = append(got[srv], out{portRE.ReplaceAllString(o, "PORT"), portRE.ReplaceAllString(e, "PORT"), c})
+				}
+			}
+			if code := p.stop(); code != 0 {
+				t.Errorf("-x %q: %s exited %d\n%s", x, srv, code, p.stderr)
+			}
+		}
+		q, o := got["qemu-nbd"], got["ovis"]
+		for i := range q {
+			if q[i] != o[i] {
+				t.Errorf("-x %q, client %d:\nqemu-nbd %+v\novis     %+v", x, i, q[i], o[i])
+			}
+		}
+	}
+
+	u := startUp(t, t.TempDir(), "--listen", "127.0.0.1:0")
+	if e := nbdinfo(t, strings.TrimSuffix(u.uri, "disk0")).Exports[0]; e.Name != "disk0" {
+		t.Errorf("ovis up serves %q under the empty name, want disk0", e.Name)
+	}
+	u.cmd.Process.Signal(syscall.SIGINT)
+	u.wait(30 * time.Second)
+}
