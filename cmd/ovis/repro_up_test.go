@@ -439,3 +439,54 @@ func TestReproNBDExportNamesLikeQemu(t *testing.T) {
 	u.cmd.Process.Signal(syscall.SIGINT)
 	u.wait(30 * time.Second)
 }
+
+// TestReproReadmeUp: the README still opens with `go run ./cmd/ovis up`
+// and `./scripts/test.sh`, shows how to build the binary (the build it
+// shows works, and the binary runs ovis up from another folder, making
+// ovis-data/ there), and shows the attach commands ovis up prints.
+func TestReproReadmeUp(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	if !strings.Contains(readme, "\n```sh\ngo run ./cmd/ovis up\n./scripts/test.sh\n```\n") {
+		t.Errorf("README does not open with go run ./cmd/ovis up and ./scripts/test.sh")
+	}
+	const build = "go build -o ovis ./cmd/ovis"
+	if !strings.Contains(readme, "\n"+build+" ") || !strings.Contains(readme, "\ngo install ./cmd/ovis ") {
+		t.Errorf("README shows neither %q nor go install ./cmd/ovis", build)
+	}
+	bin := filepath.Join(t.TempDir(), "ovis")
+	args := strings.Fields(strings.Replace(build, "-o ovis", "-o "+bin, 1))
+	c := exec.Command(args[0], args[1:]...)
+	c.Dir = filepath.Join("..", "..")
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", build, err, out)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "up", "--listen", "127.0.0.1:0")
+	cmd.Dir = dir
+	out := &syncBuffer{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "built ovis up", out, "qemu-img info nbd://")
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("built ovis up: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ovis-data", "disk0.qcow2")); err != nil {
+		t.Errorf("built ovis up made no disk in its folder: %v", err)
+	}
+	// What the README shows is what ovis up prints, at the default port.
+	for _, l := range strings.Split(portRE.ReplaceAllString(out.String(), "127.0.0.1:10809"), "\n") {
+		if strings.HasPrefix(l, "qemu-system-x86_64 ") || strings.HasPrefix(l, "nbdinfo ") || strings.HasPrefix(l, "qemu-img ") {
+			if !strings.Contains(readme, "\n"+l+"\n") {
+				t.Errorf("README lacks the line ovis up prints:\n%s", l)
+			}
+		}
+	}
+}
