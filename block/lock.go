@@ -37,6 +37,21 @@ const (
 	permBits = 4
 )
 
+// Modifiers of a lock, passed in perm with the permissions; not QEMU
+// permissions themselves.
+const (
+	// LockReopen marks a holder that stands for a node this process has
+	// open already (QEMU reopens the node, say read-write for commit): it
+	// is not checked against the holders in this process.
+	LockReopen Perm = 1 << 6
+	// LockYield marks a holder that keeps other processes out of a file
+	// this process is about to open for real (an image being created):
+	// holders taken later in this process are not checked against it.
+	LockYield Perm = 1 << 7
+
+	permMask = 1<<permBits - 1
+)
+
 // The lock bytes: lockPermBase+i while holding bit i, lockSharedBase+i
 // while refusing to share it.
 const (
@@ -101,13 +116,16 @@ func LockFile(f File, path string, perm, unshared Perm) error {
 }
 
 // OFD locks belong to an open file description, and those of two
-// descriptions conflict even within one process. An image ovis opens
-// twice at once (the base of a commit: read-only in the chain, then
-// writable) must not conflict with itself, so every holder in the process
-// locks through one description per file: a duplicate of the first
-// holder's descriptor, which counts the holders of each byte. Conflicts
-// are thus only detected between processes, as QEMU's graph permissions
-// (not its lock bytes) are what order users within one QEMU process.
+// descriptions conflict even within one process. Every holder in the
+// process locks through one description per file (a duplicate of the
+// first holder's descriptor, which counts the holders of each byte), so
+// that the bytes other processes see are those of all holders here. QEMU
+// opens a file once per node, and its nodes conflict with each other as
+// separate processes do: a write open of a file another node holds
+// without sharing writes fails with the same lock error. So each holder's
+// permissions are also checked against the other holders in this
+// process, except for a reopen of a node (LockReopen) and a stand-in for
+// a node about to open (LockYield).
 //
 // Locking: lockTable.mu is a leaf, held across the fcntl calls (which do
 // not block: F_OFD_SETLK and F_OFD_GETLK never wait).
@@ -120,7 +138,7 @@ type fileID struct{ dev, ino uint64 }
 
 type lockedFile struct {
 	fd       int
-	holders  int
+	holders  map[*imageLock]struct{}
 	perm     [permBits]int // holders of each permission
 	unshared [permBits]int // holders refusing to share each permission
 }
@@ -131,6 +149,19 @@ type imageLock struct {
 	held     bool
 	perm     Perm
 	unshared Perm
+	yield    bool
+}
+
+// inProcess returns what the holders of lf in this process, but for
+// yielding ones, hold and refuse to share.
+func (lf *lockedFile) inProcess() (perm, unshared Perm) {
+	for h := range lf.holders {
+		if !h.yield {
+			perm |= h.perm
+			unshared |= h.unshared
+		}
+	}
+	return perm, unshared
 }
 
 // lock takes perm and unshared on the file open as f. On a file system
@@ -140,6 +171,9 @@ func (l *imageLock) lock(f *os.File, path string, perm, unshared Perm) error {
 	if l.held {
 		return errors.New("block: image already locked")
 	}
+	reopen, yield := perm&LockReopen != 0, perm&LockYield != 0
+	perm &= permMask
+	unshared &= permMask
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return &LockError{Path: path, Perm: PermConsistentRead, Err: err}
@@ -154,7 +188,11 @@ func (l *imageLock) lock(f *os.File, path string, perm, unshared Perm) error {
 		if err != nil {
 			return &LockError{Path: path, Perm: PermConsistentRead, Err: err}
 		}
-		lf = &lockedFile{fd: fd}
+		lf = &lockedFile{fd: fd, holders: make(map[*imageLock]struct{})}
+	}
+	var herePerm, hereUnshared Perm
+	if !reopen {
+		herePerm, hereUnshared = lf.inProcess()
 	}
 	// As QEMU: take the bytes first, then test for others' conflicting
 	// ones, so that of two processes racing at least one sees the other.
@@ -163,7 +201,7 @@ func (l *imageLock) lock(f *os.File, path string, perm, unshared Perm) error {
 		for _, off := range took {
 			setLock(lf.fd, off, unix.F_UNLCK)
 		}
-		if lf.holders == 0 {
+		if len(lf.holders) == 0 {
 			unix.Close(lf.fd)
 		}
 	}
@@ -189,24 +227,28 @@ func (l *imageLock) lock(f *os.File, path string, perm, unshared Perm) error {
 			took = append(took, b.off)
 		}
 	}
-	// Another process refusing to share what we take, then another
+	// Another holder refusing to share what we take, then another
 	// holding what we refuse to share: QEMU's order and messages.
 	for i := range permBits {
-		if perm&(1<<i) == 0 {
+		p := Perm(1) << i
+		if perm&p == 0 {
 			continue
 		}
-		if busy, err := lockedElsewhere(lf.fd, lockSharedBase+int64(i)); busy || err != nil {
+		busy, err := lockedElsewhere(lf.fd, lockSharedBase+int64(i))
+		if busy || err != nil || hereUnshared&p != 0 {
 			undo()
-			return &LockError{Path: path, Perm: 1 << i, Err: err}
+			return &LockError{Path: path, Perm: p, Err: err}
 		}
 	}
 	for i := range permBits {
-		if unshared&(1<<i) == 0 {
+		p := Perm(1) << i
+		if unshared&p == 0 {
 			continue
 		}
-		if busy, err := lockedElsewhere(lf.fd, lockPermBase+int64(i)); busy || err != nil {
+		busy, err := lockedElsewhere(lf.fd, lockPermBase+int64(i))
+		if busy || err != nil || herePerm&p != 0 {
 			undo()
-			return &LockError{Path: path, Perm: 1 << i, Shared: true, Err: err}
+			return &LockError{Path: path, Perm: p, Shared: true, Err: err}
 		}
 	}
 	for i := range permBits {
@@ -217,12 +259,12 @@ func (l *imageLock) lock(f *os.File, path string, perm, unshared Perm) error {
 			lf.unshared[i]++
 		}
 	}
-	lf.holders++
+	*l = imageLock{id: id, held: true, perm: perm, unshared: unshared, yield: yield}
+	lf.holders[l] = struct{}{}
 	if lockTable.files == nil {
 		lockTable.files = make(map[fileID]*lockedFile)
 	}
 	lockTable.files[id] = lf
-	*l = imageLock{id: id, held: true, perm: perm, unshared: unshared}
 	return nil
 }
 
@@ -251,7 +293,7 @@ func (l *imageLock) release() {
 			}
 		}
 	}
-	if lf.holders--; lf.holders == 0 {
+	if delete(lf.holders, l); len(lf.holders) == 0 {
 		unix.Close(lf.fd)
 		delete(lockTable.files, l.id)
 	}

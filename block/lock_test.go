@@ -101,3 +101,51 @@ func TestLockConflicts(t *testing.T) {
 		})
 	}
 }
+
+// TestLockInProcess: holders in one process conflict as QEMU's nodes do
+// (each as if it were another process), except a reopen (LockReopen) and
+// the holders after a yielding one (LockYield); a refused holder leaves
+// the bytes as they were.
+func TestLockInProcess(t *testing.T) {
+	qcow2RO := PermConsistentRead
+	for _, c := range []struct {
+		name             string
+		firstP, firstU   Perm
+		secondP, secondU Perm
+		fail             Perm // 0: no conflict
+		shared           bool
+	}{
+		{"reader blocks writer", qcow2RO, qcow2Un, qcow2RW, qcow2Un, PermWrite, false},
+		{"writer blocks reader", qcow2RW, qcow2Un, qcow2RO, qcow2Un, PermWrite, true},
+		{"reader allows reader", qcow2RO, qcow2Un, qcow2RO, qcow2Un, 0, false},
+		{"writer allows sharing reader", qcow2RW, qcow2Un, qcow2RO, 0, 0, false},
+		{"raw writer blocked by resize refusal", PermConsistentRead, PermResize, PermConsistentRead | PermWrite | PermResize, 0, PermResize, false},
+		{"reopen of a reader for writing", qcow2RO, qcow2Un, qcow2RW | LockReopen, qcow2Un, 0, false},
+		{"writer after a yielding creator", qcow2RW | LockYield, qcow2Un, qcow2RW, qcow2Un, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := lockedImage(t)
+			a, err := openLocked(t, p, c.firstP, c.firstU)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			held := testutil.LockedBytes(t, p)
+			b, err := openLocked(t, p, c.secondP, c.secondU)
+			if c.fail == 0 {
+				if err != nil {
+					t.Fatalf("second holder: %v", err)
+				}
+				b.Close()
+				return
+			}
+			var le *LockError
+			if !errors.As(err, &le) || le.Perm != c.fail || le.Shared != c.shared {
+				t.Fatalf("second holder: %v, want a LockError for %v (shared %v)", err, c.fail, c.shared)
+			}
+			if got := testutil.LockedBytes(t, p); !slices.Equal(got, held) {
+				t.Errorf("after the refused holder: bytes %v, want %v", got, held)
+			}
+		})
+	}
+}

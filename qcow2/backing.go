@@ -165,7 +165,7 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 	bo.ReadOnly = true
 	bo.NoBacking = false
 	bo.ForCheck = false // only the image checked is opened for check
-	bo.FixedSize, bo.Resize, bo.NoLock = false, false, false
+	bo.FixedSize, bo.Resize, bo.NoLock, bo.Reopen = false, false, false, false
 	b, err := openDevice(p, img.hdr.BackingFormat, bo, seen)
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening backing file: %w", img.path, err)

@@ -70,6 +70,15 @@ type Options struct {
 	// (QEMU's file.locking=off); its backing and data files are locked
 	// as always.
 	NoLock bool
+	// NoShare keeps other holders from writing or resizing any file of
+	// the chain, as qemu-img convert's sources (BDRV_O_NO_SHARE); with
+	// ForceShare a read-only open still shares all.
+	NoShare bool
+	// Reopen is for an image this process has open already, which QEMU
+	// would reopen (commit's base, read-write): its own file and data file
+	// are not checked against the other holders in this process
+	// (block.LockReopen). Backing files ignore it.
+	Reopen bool
 	// OpenFile opens the image's own file, its data file and backing
 	// files. nil means block.OpenFile. The files it returns are locked as
 	// QEMU locks them (block.Perm) if they are block.ImageLockers.
@@ -112,6 +121,9 @@ func (o *Options) openLocked(name string, role fileRole) (block.File, error) {
 	case roleData:
 		unshared = block.PermResize
 	}
+	if o.NoShare {
+		unshared |= block.PermWrite | block.PermResize
+	}
 	if o.ForceShare && o.ReadOnly {
 		unshared = 0
 	}
@@ -120,6 +132,9 @@ func (o *Options) openLocked(name string, role fileRole) (block.File, error) {
 	}
 	if o.NoLock && role != roleData {
 		return f, nil
+	}
+	if o.Reopen {
+		perm |= block.LockReopen
 	}
 	if err := block.LockFile(f, name, perm, unshared); err != nil {
 		f.Close()

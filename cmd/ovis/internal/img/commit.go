@@ -95,16 +95,16 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 }
 
 // holdImageLock opens path and takes the locks of a qcow2 image open for
-// writing. Within the process the holders of a file share its locks, so
-// this succeeds while the image is open here, and keeps holding them
-// once it is closed.
+// writing, as a reopen of the image open here (block.LockReopen), so
+// this succeeds while the image is open, and keeps holding them once it
+// is closed.
 func holdImageLock(path string) (block.File, error) {
 	f, err := block.OpenFile(path, false)
 	if err != nil {
 		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
 	}
 	rw := block.PermConsistentRead | block.PermWrite | block.PermResize
-	if err := block.LockFile(f, path, rw, block.PermWrite|block.PermResize); err != nil {
+	if err := block.LockFile(f, path, rw|block.LockReopen, block.PermWrite|block.PermResize); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
 	}
@@ -124,15 +124,27 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 		return false, errors.New("Image does not have a backing file")
 	}
 	img := dev.(*qcow2.Image) // only qcow2 images have backing files
-	if _, raw := chain[base].dev.(*block.Raw); raw && chain[base].dev.Size() < img.Size() {
-		// A raw base grows as QEMU's file driver grows it: by truncation.
+	_, raw := chain[base].dev.(*block.Raw)
+	growRaw := raw && chain[base].dev.Size() < img.Size()
+	target, err := reopenBase(chain[base], growRaw)
+	if err != nil {
+		return false, err
+	}
+	if growRaw {
+		// A raw base grows as QEMU's file driver grows it: by truncation,
+		// under the write and resize locks just taken.
 		if err := os.Truncate(chain[base].path, img.Size()); err != nil {
+			target.Close()
 			return false, fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
-	}
-	target, err := qcow2.OpenDevice(chain[base].path, chain[base].format, trust(chain[base].path, qcow2.Options{}))
-	if err != nil {
-		return false, fmt.Errorf("Could not reopen '%s' for writing: %s", chain[base].path, openReason(err))
+		// Open it again for its new size; the first holder keeps the
+		// locks meanwhile.
+		grown, err := reopenBase(chain[base], true)
+		target.Close()
+		if err != nil {
+			return false, err
+		}
+		target = grown
 	}
 	err = commitInto(ctx, img, target, base, prog, rate)
 	if err == nil {
@@ -155,6 +167,22 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 		return true, nil
 	}
 	return false, nil
+}
+
+// reopenBase opens the base of a commit for writing: a reopen of the
+// layer the chain has open read-only, so it is not checked against the
+// chain's own locks, only against other processes. A lock conflict is
+// reported in QEMU's words alone; resize is for a raw base to grow, which
+// takes the resize permission as QEMU's commit job does.
+func reopenBase(l layer, resize bool) (block.Device, error) {
+	dev, err := qcow2.OpenDevice(l.path, l.format, trust(l.path, qcow2.Options{Reopen: true, Resize: resize}))
+	if err != nil {
+		if le := (*block.LockError)(nil); errors.As(err, &le) {
+			return nil, le
+		}
+		return nil, fmt.Errorf("Could not reopen '%s' for writing: %s", l.path, openReason(err))
+	}
+	return dev, nil
 }
 
 // commitInto copies the ranges of top decided above chain layer base into

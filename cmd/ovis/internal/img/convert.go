@@ -219,7 +219,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 	}
 	dst, err := openTarget(cfg.Dest, outFmt, cfg.NoCreate, cache)
 	if err != nil {
-		return openError(cfg.Dest, err)
+		return writerOpenError(cfg.Dest, outFmt, err)
 	}
 	if cfg.Bitmaps {
 		if img, ok := block.Unwrap(dst).(*qcow2.Image); !ok || img.Header().Version < 3 {
@@ -376,7 +376,9 @@ func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error)
 		if err := requireFormat(name, cfg.SourceFormat); err != nil {
 			return fail(err)
 		}
-		dev, err := qcow2.OpenDevice(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, OpenFile: block.OpenFileFor(cache)}))
+		// As qemu-img's BDRV_O_NO_SHARE: no other holder, in this
+		// process or another, may write the source chain meanwhile.
+		dev, err := qcow2.OpenDevice(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, NoShare: true, OpenFile: block.OpenFileFor(cache)}))
 		if err != nil {
 			// The layer that failed, as openImage names it.
 			return fail(wrapMsg(err, "Could not open '%s': %s", displayName(name), chainReason(name, cfg.SourceFormat, err, 0)))

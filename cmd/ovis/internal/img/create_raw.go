@@ -50,7 +50,10 @@ func withCreateLock(path, format string, create func() error) error {
 	if format == "qcow2" {
 		perm, unshared = createQcow2Perm, createQcow2Unshare
 	}
-	if err := lf.LockImage(path, perm, unshared); err != nil {
+	// The holder yields to the opens of create here (block.LockYield),
+	// but is checked against this process's other holders: an image a
+	// source chain holds is refused, as QEMU's nodes refuse it.
+	if err := lf.LockImage(path, perm|block.LockYield, unshared); err != nil {
 		return err
 	}
 	return create()

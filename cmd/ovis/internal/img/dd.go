@@ -116,7 +116,10 @@ func DD(ctx context.Context, cfg DDConfig) (warn error, err error) {
 	if err := createTarget(r.out, outFmt, o, created); err != nil {
 		return nil, fmt.Errorf("%s: error while creating output image: %w", r.out, err)
 	}
-	dst, err := openImage(r.out, outFmt, qcow2.Options{})
+	// -U is for the input alone, as in qemu-img dd.
+	t := trust(r.out, qcow2.Options{})
+	t.ForceShare = false
+	dst, err := openTrusted(r.out, outFmt, qcow2.Options{}, t)
 	if err != nil {
 		return nil, err
 	}

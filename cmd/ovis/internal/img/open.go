@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/ovis-storage/ovis/block"
@@ -23,23 +24,40 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 		}
 	}
-	if t := trust(filename, o); t.ForceShare && !t.ReadOnly {
+	return openTrusted(filename, format, o, trust(filename, o))
+}
+
+// openTrusted is openImage with the options trust made of o.
+func openTrusted(filename, format string, o, t qcow2.Options) (block.Device, error) {
+	if t.ForceShare && !t.ReadOnly {
 		return nil, fmt.Errorf("Could not open '%s': force-share=on can only be used with read-only images", displayName(filename))
 	}
-	dev, err := qcow2.OpenDevice(filename, format, trust(filename, o))
+	dev, err := qcow2.OpenDevice(filename, format, t)
 	if err == nil {
 		return dev, nil
 	}
 	if o.NoBacking {
 		return nil, openError(filename, err)
 	}
-	return nil, wrapMsg(err, "Could not open '%s': %s", displayName(filename), chainReason(filename, format, err, 0))
+	var writer os.FileInfo
+	if !t.ReadOnly {
+		writer, _ = os.Stat(filename)
+	}
+	return nil, wrapMsg(err, "Could not open '%s': %s", displayName(filename), chainReasonAbove(filename, format, err, 0, writer))
 }
 
 // chainReason says why the chain at filename failed to open with err:
 // the reason of the first layer that does not open on its own, behind one
 // "Could not open backing file: " per layer above it.
 func chainReason(filename, format string, err error, depth int) string {
+	return chainReasonAbove(filename, format, err, depth, nil)
+}
+
+// chainReasonAbove is chainReason for a chain whose top, the file writer
+// (nil: none), is open read-write: a chain that comes back to it fails
+// there as in QEMU, where the backing node's read-only open refuses to
+// share the writes the top holds.
+func chainReasonAbove(filename, format string, err error, depth int, writer os.FileInfo) string {
 	// This layer opens read-only on its own, but another process holds
 	// it against the open that failed.
 	if le := (*block.LockError)(nil); depth > 16 || errors.As(err, &le) && le.Path == filename {
@@ -62,7 +80,24 @@ func chainReason(filename, format string, err error, depth int) string {
 	if next == "" || untrusted.Load() && h.BackingFormat == "" {
 		return openReason(err)
 	}
-	return "Could not open backing file: " + chainReason(next, h.BackingFormat, err, depth+1)
+	if fi, err := os.Stat(next); err == nil && writer != nil && os.SameFile(fi, writer) {
+		return "Could not open backing file: " + (&block.LockError{Path: next, Perm: block.PermWrite, Shared: true}).Error()
+	}
+	return "Could not open backing file: " + chainReasonAbove(next, h.BackingFormat, err, depth+1, writer)
+}
+
+// writerOpenError is openError for an image opened read-write whose
+// backing chain comes back to it: QEMU fails on the lock the image holds,
+// naming the layers on the way, where ovis finds the loop.
+func writerOpenError(filename, format string, err error) error {
+	writer, serr := os.Stat(filename)
+	if serr != nil || errors.As(err, new(*block.LockError)) {
+		return openError(filename, err)
+	}
+	if r := chainReasonAbove(filename, format, err, 0, writer); strings.HasSuffix(r, "?") {
+		return wrapMsg(err, "Could not open '%s': %s", displayName(filename), r)
+	}
+	return openError(filename, err)
 }
 
 // sourceCache parses a -T argument ("" is writeback) into how to open
