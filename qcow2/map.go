@@ -2,6 +2,11 @@ package qcow2
 
 import (
 	"fmt"
+	"runtime"
+	"sync"
+	"weak"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -17,7 +22,10 @@ type mapClass struct {
 
 // MapAt reports where the run starting at off (at most n bytes) lives, as
 // qemu-img map does: in this image (Depth 0), or down the backing chain.
-// Data clusters that are holes in the host file also read as zeros.
+// Data clusters that are holes in the host file are reported as zeros
+// only in an image QEMU finds metadata-preallocated
+// (metadataPreallocLocked); elsewhere QEMU does not ask the host file,
+// and a cluster's unwritten tail is data.
 func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 	if err := block.CheckRange(off, n, img.Size()); err != nil {
 		return block.MapExtent{}, err
@@ -27,8 +35,13 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 	}
 	var first mapClass
 	var length int64
+	var prealloc bool
 	err := img.withMetadata(func() error {
 		length = 0
+		var err error
+		if prealloc, err = img.metadataPreallocLocked(); err != nil {
+			return err
+		}
 		for pos := off; pos < off+n; {
 			c := pos >> img.clusterBits
 			in := pos & (img.clusterSize - 1)
@@ -85,6 +98,9 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 	switch first.kind {
 	case kindData:
 		me.Present, me.Data, me.Offset = true, true, int64(first.host)
+		if !prealloc {
+			break
+		}
 		if hole, hl := block.FileHole(img.data, int64(first.host), length); hole || hl < length {
 			me.Length, me.Zero = hl, hole
 		}
@@ -119,4 +135,61 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 		return m, nil
 	}
 	return me, nil
+}
+
+// metaPrealloc caches metadataPreallocLocked per open image, as QEMU
+// decides once per open (metadata_preallocation_checked).
+var metaPrealloc sync.Map // weak.Pointer[Image] -> bool
+
+// metadataPreallocLocked reports whether QEMU 7.2 would take the image
+// for a metadata-preallocated one (qcow2_detect_metadata_preallocation):
+// at least a ninth more host clusters, and at least two more, have a
+// refcount than the file has allocated clusters. Only then does its block status ask
+// the host file (BDRV_BLOCK_RECURSE) and report its holes as zeros. A
+// failure, as in QEMU, counts as no.
+func (img *Image) metadataPreallocLocked() (bool, error) {
+	k := weak.Make(img)
+	if v, ok := metaPrealloc.Load(k); ok {
+		return v.(bool), nil
+	}
+	v, err := img.detectMetadataPreallocLocked()
+	if _, ok := isNeedLoad(err); ok {
+		return false, err // withMetadata loads the block and retries
+	}
+	if _, loaded := metaPrealloc.LoadOrStore(k, v); !loaded {
+		runtime.AddCleanup(img, func(k weak.Pointer[Image]) { metaPrealloc.Delete(k) }, k)
+	}
+	return v, nil
+}
+
+func (img *Image) detectMetadataPreallocLocked() (bool, error) {
+	length, err := img.file.Size()
+	if err != nil {
+		return false, nil
+	}
+	fd, ok := img.file.(interface{ Fd() uintptr })
+	if !ok {
+		return false, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(fd.Fd()), &st); err != nil {
+		return false, nil
+	}
+	realClusters := st.Blocks * 512 / img.clusterSize
+	threshold := max(realClusters*10/9, realClusters+2)
+	end := (length + img.clusterSize - 1) / img.clusterSize
+	var count int64
+	for i := int64(0); i < end && count < threshold; i++ {
+		rc, err := img.refcountLocked(i)
+		if err != nil {
+			if _, ok := isNeedLoad(err); ok {
+				return false, err
+			}
+			return false, nil
+		}
+		if rc != 0 {
+			count++
+		}
+	}
+	return count >= threshold, nil
 }
