@@ -5,13 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(qemu-utils fio libnbd-bin nbdkit)
-tools=(qemu-img fio nbdinfo nbdkit)
+packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86)
+tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64)
 
 missing=()
 for i in "${!tools[@]}"; do
 	command -v "${tools[$i]}" >/dev/null 2>&1 || missing+=("${packages[$i]}")
 done
+# qemu-system-x86 only recommends its firmware; without it no VM starts.
+[ -e /usr/share/seabios/bios-256k.bin ] || missing+=(seabios)
+[ -d /usr/lib/ipxe/qemu ] || missing+=(ipxe-qemu)
 if ((${#missing[@]})); then
 	sudo=()
 	if [ "$(id -u)" -ne 0 ]; then
