@@ -223,8 +223,12 @@ func (img *Image) Extent(off, n int64) (block.Extent, error) {
 		return block.Extent{}, nil
 	}
 	var segs []segment
+	var prealloc bool
 	err := img.withMetadata(func() error {
 		var err error
+		if prealloc, err = img.metadataPreallocLocked(); err != nil {
+			return err
+		}
 		segs, err = img.mapRangeLocked(off, n, segs[:0])
 		return err
 	})
@@ -244,6 +248,11 @@ func (img *Image) Extent(off, n int64) (block.Extent, error) {
 		if img.hasDataFile {
 			// QEMU reports an external data file's clusters as data
 			// whatever the file holds; so does ovis, for qemu-img map.
+			return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+		}
+		if !prealloc {
+			// QEMU asks the host file only in a metadata-preallocated
+			// image (see MapAt).
 			return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
 		}
 		if hole, l := img.hostHole(int64(segs[0].host), segs[0].n); hole {

@@ -216,7 +216,7 @@ func TestReproLocksCommitHeld(t *testing.T) {
 // reported as zeros only where QEMU 7.2 asks the host file, in an image
 // it finds metadata-preallocated (more clusters with a refcount than the
 // file allocates, as the sparse metadata of a small image); elsewhere it
-// is data, as qemu-img map prints it.
+// is data, as qemu-img map prints it and qemu-nbd's block status says.
 func TestReproMapHostHolesLikeQemu(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -256,6 +256,18 @@ func TestReproMapHostHolesLikeQemu(t *testing.T) {
 			for _, out := range []string{"human", "json"} {
 				args := []string{"map", "--output=" + out, "m.qcow2"}
 				sameResult(t, c.name+" "+out, qemuImg(t, dir, args...), ovisImg(t, dir, args...))
+			}
+			// Block status over NBD: ovis nbd as qemu-nbd.
+			sock := filepath.Join(shortTempDir(t), "q.sock")
+			stop := testutil.StartUntil(t, exec.Command("qemu-nbd", "-r", "-f", "qcow2", "-k", sock, p),
+				func() bool { _, err := os.Stat(sock); return err == nil })
+			want := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", "nbd+unix:///?socket="+sock)
+			stop()
+			srv := startNBD(t, nbdRun{args: []string{"-r", "-f", "qcow2", p}})
+			got := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", srv.uri)
+			srv.stop(15)
+			if got != want {
+				t.Errorf("qemu-img map over ovis nbd:\n%s\nover qemu-nbd:\n%s", got, want)
 			}
 		})
 	}
