@@ -56,13 +56,9 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	// Read-write, as QEMU opens it: no other process may use the image
 	// while its data moves down the chain and it is emptied.
-	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{})
+	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
 		return err
-	}
-	if _, raw := dev.(*block.Raw); raw && cfg.Format == "" {
-		// QEMU opens the image read-write, and warns.
-		rawProbeWarning(stderr, cfg.Filename)
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)

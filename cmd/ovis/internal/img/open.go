@@ -114,15 +114,26 @@ func sourceCache(mode string) (func(string, bool) (block.File, error), error) {
 }
 
 // openWritable is openImage for an image to write, with QEMU's warning on
-// warn when a probed format turns out raw.
+// warn when a probed format turns out raw. A dirty qcow2 image (lazy
+// refcounts) is repaired, its messages on warn, as qcow2_open does on every
+// read-write open but one for check.
 func openWritable(filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
 	dev, err := openImage(filename, format, o)
-	if err == nil && format == "" && !o.ReadOnly {
+	if err != nil || o.ReadOnly {
+		return dev, err
+	}
+	if format == "" {
 		if _, raw := dev.(*block.Raw); raw {
 			rawProbeWarning(warn, filename)
 		}
 	}
-	return dev, err
+	if !o.ForCheck {
+		if err := repairDirty(dev, filename, warn); err != nil {
+			dev.Close()
+			return nil, err
+		}
+	}
+	return dev, nil
 }
 
 // rawProbeWarning is QEMU's warning for a raw image opened for writing
