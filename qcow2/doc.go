@@ -8,7 +8,8 @@
 // decoding), cache.go (metadata table cache), refcount.go (refcounts and
 // allocation), read.go, write.go, zero.go, compressed.go (the I/O paths),
 // flush.go (crash-ordered writeback), create.go, backing.go, snapshot.go,
-// compress.go (deflate and zstd), rebuild.go (refcount reconstruction).
+// compress.go (deflate and zstd), rebuild.go (refcount reconstruction),
+// overlap.go (the allocation overlap check).
 //
 // Invariants:
 //
@@ -27,6 +28,14 @@
 //  6. No metadata lock is held across data I/O, and table loads happen
 //     with the lock released; refcount table growth and the refcount
 //     rebuild after an unclean shutdown are the documented exceptions.
+//  7. The allocator never hands out a cluster holding metadata: on a
+//     damaged image whose refcounts call metadata free, the allocation is
+//     refused as QEMU's overlap check refuses the write (the image is
+//     marked corrupt, the request fails with EIO, later writes fail).
+//  8. With pass-discard-request, a cluster freed by a guest discard is
+//     punched only after the L2 change is durable and the I/O that mapped
+//     it has drained, and before its refcount drops (so before it can be
+//     reused); a cluster still referenced elsewhere is not punched.
 //
 // Not done here: encryption (refused with UnsupportedError), bitmaps
 // beyond keeping them intact, snapshot create/apply/delete, resize.

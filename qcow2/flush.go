@@ -3,6 +3,11 @@ package qcow2
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // Flush makes every completed write durable.
@@ -61,6 +66,8 @@ func (img *Image) flushLocked() error {
 	clear(img.l1Dirty)
 	frees := img.pendingFree
 	img.pendingFree = nil
+	punch := img.pendingPunch
+	img.pendingPunch = nil
 	rtOff, l1Off := img.hdr.RefcountTableOffset, img.hdr.L1TableOffset
 	img.mu.Unlock()
 
@@ -73,6 +80,7 @@ func (img *Image) flushLocked() error {
 			img.l1Dirty[i] = struct{}{}
 		}
 		img.pendingFree = append(img.pendingFree, frees...)
+		img.keepPunchLocked(punch)
 		img.mu.Unlock()
 	}
 	if err := img.flushSteps(rcs, rts, l2s, l1s, rtOff, l1Off); err != nil {
@@ -93,6 +101,11 @@ func (img *Image) flushLocked() error {
 	img.mu.Lock()
 	img.waitUsersLocked()
 	img.mu.Unlock()
+	if len(punch) > 0 {
+		if err := img.punchFreedClusters(frees, punch); err != nil {
+			return err
+		}
+	}
 	i := 0
 	err := img.withMetadata(func() error {
 		for ; i < len(frees); i++ {
@@ -119,6 +132,74 @@ func (img *Image) flushLocked() error {
 	img.rc.cleanLocked(rcs)
 	img.mu.Unlock()
 	return img.file.Sync()
+}
+
+// keepPunchLocked puts back clusters to punch that a failed flush took.
+func (img *Image) keepPunchLocked(punch map[uint64]struct{}) {
+	if len(punch) == 0 {
+		return
+	}
+	if img.pendingPunch == nil {
+		img.pendingPunch = make(map[uint64]struct{})
+	}
+	for off := range punch {
+		img.pendingPunch[off] = struct{}{}
+	}
+}
+
+// punchFreedClusters punches the clusters of punch whose refcount the
+// drops in frees are about to take to 0, as QEMU passes a discard down
+// once a guest discard frees a cluster. It runs after the L2 entries that
+// referenced them are gone on disk and the I/O that mapped them has
+// drained, and before the drops: until then their refcount keeps them
+// from being allocated again, so no new data can be punched. A cluster
+// still referenced elsewhere (a snapshot, other compressed data) keeps
+// its space. Best effort, as QEMU's discards: the clusters are free
+// either way.
+func (img *Image) punchFreedClusters(frees []uint64, punch map[uint64]struct{}) error {
+	of, ok := img.file.(*block.OSFile)
+	if !ok {
+		return nil
+	}
+	count := make(map[uint64]uint64, len(punch))
+	for _, off := range frees {
+		if _, ok := punch[off]; ok {
+			count[off]++
+		}
+	}
+	var runs []uint64
+	err := img.withMetadata(func() error {
+		runs = runs[:0]
+		for off, n := range count {
+			rc, err := img.refcountLocked(int64(off >> img.clusterBits))
+			if err != nil {
+				return err
+			}
+			if rc == n {
+				runs = append(runs, off)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("qcow2: finding freed clusters to punch: %w", err)
+	}
+	slices.Sort(runs)
+	cs := uint64(img.clusterSize)
+	for i := 0; i < len(runs); {
+		j := i + 1
+		for j < len(runs) && runs[j] == runs[j-1]+cs {
+			j++
+		}
+		_ = unix.Fallocate(int(of.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(runs[i]), int64(uint64(j-i)*cs))
+		i = j
+	}
+	if len(runs) > 0 {
+		// Host runs found before may now be holes (hostholes.go).
+		img.hostRuns.Store(nil)
+		img.hostGen.Add(1)
+	}
+	return nil
 }
 
 // testBreakOrdering makes Flush write L2 tables before the refcount

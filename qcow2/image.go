@@ -114,6 +114,18 @@ type Image struct {
 	// corruptSignalled: Check has reported a corruption event (QEMU's
 	// qcow2_signal_corruption prints only the first).
 	corruptSignalled bool
+	// metaAtOpen indexes the host clusters of metadata, for the
+	// allocation overlap check (overlap.go); nil until first needed.
+	metaAtOpen map[int64]struct{}
+	// passDiscard passes guest discards down to the file (QEMU's
+	// pass-discard-request): the host clusters a Discard or an unmapping
+	// WriteZeroes frees are punched once their refcount drops to 0.
+	// pendingPunch holds those clusters until Flush drops them.
+	passDiscard  bool
+	pendingPunch map[uint64]struct{}
+	// fatalEvent is the overlap corruption event that made the image
+	// unusable for writes, as QEMU drops the driver after one.
+	fatalEvent error
 
 	stopClean, cleanDone chan struct{} // cache-clean-interval goroutine
 
@@ -426,6 +438,18 @@ func (img *Image) resolve(name string) string {
 }
 
 // Size returns the virtual size in bytes.
+// SetPassDiscardRequest turns QEMU's pass-discard-request on or off: with
+// it on, the host space of the clusters that guest discards (Discard, and
+// WriteZeroes with mayUnmap) free is given back to the file system, as
+// QEMU does for an image opened with discard=unmap (qemu-nbd
+// --discard=unmap). Off, the default, keeps the space in the file for
+// reuse, as QEMU's default discard=ignore.
+func (img *Image) SetPassDiscardRequest(on bool) {
+	img.mu.Lock()
+	img.passDiscard = on
+	img.mu.Unlock()
+}
+
 func (img *Image) Size() int64 {
 	img.gate.RLock()
 	defer img.gate.RUnlock()

@@ -126,6 +126,9 @@ func (img *Image) newRefBlockLocked(idx int64) (*cacheEntry, error) {
 	if at >= first+img.rcPerBlock {
 		return nil, fmt.Errorf("qcow2: internal error: no room for refcount block %d", b)
 	}
+	if err := img.checkAllocOverlapLocked(at, 1); err != nil {
+		return nil, err
+	}
 	buf := make([]byte, img.clusterSize)
 	setRefcount(buf, at-first, img.rcBits, 1)
 	off := uint64(at * img.clusterSize)
@@ -202,6 +205,9 @@ func (img *Image) allocRunLocked(n int64) (off uint64, err error) {
 			idx = used + 1
 			s.unpin()
 			continue
+		}
+		if err := img.checkAllocOverlapLocked(idx, total); err != nil {
+			return 0, err
 		}
 		if err := img.placeRunLocked(idx, total, k); err != nil {
 			return 0, err
@@ -376,6 +382,9 @@ func (img *Image) growRefTableLocked(need int64) error {
 		return fmt.Errorf("qcow2: refcount table would exceed %d bytes; the image is full", maxRefcountTableBytes)
 	}
 
+	if err := img.checkAllocOverlapLocked(start, end-start); err != nil {
+		return err
+	}
 	// 1. Make the existing blocks durable, so the new table may point at them.
 	if err := img.writeDirtyRefBlocksLocked(); err != nil {
 		return err

@@ -3,6 +3,7 @@ package qcow2
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -44,9 +45,14 @@ func (img *Image) beginWrite(off, n int64) error {
 	}
 	img.mu.Lock()
 	closed, need := img.closed, img.needRebuild || (img.lazy && !img.markedDirty) || img.bm.pending.Load()
+	fatal := img.fatalEvent
 	img.mu.Unlock()
 	if closed {
 		return block.ErrClosed
+	}
+	if fatal != nil {
+		// QEMU makes the node unusable after a fatal corruption event.
+		return fmt.Errorf("qcow2: image marked corrupt (%v): %w", errors.Unwrap(fatal), syscall.ENOMEDIUM)
 	}
 	if need {
 		if err := img.beforeFirstWrite(); err != nil {

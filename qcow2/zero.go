@@ -104,21 +104,29 @@ func (img *Image) zeroSubclusters(c int64, mask uint32, mayUnmap, discard bool) 
 		var nm mapping
 		freeOld := false
 		switch {
+		case discard:
+			// QEMU's guest discard (discard_in_l2_slice, not a full
+			// discard): what it drops reads as zeros, and a cluster that
+			// is neither allocated nor over a backing file is left alone.
+			if !hasHost && m.entry&flagCompressed == 0 && !hasBacking {
+				return nil
+			}
+			switch {
+			case img.extL2:
+				nm = mapping{bitmap: uint64(1<<img.nsub-1) << 32}
+			case img.v3:
+				nm = mapping{entry: flagZero}
+			}
+			freeOld = true
 		case img.extL2:
 			alloc := uint32(m.bitmap) &^ mask
 			zero := uint32(m.bitmap>>32) | mask
-			if discard && !hasBacking {
-				zero &^= mask
-			}
 			if m.entry&flagCompressed != 0 || (full && !keep) {
 				nm = mapping{bitmap: uint64(alloc) | uint64(zero)<<32}
 				freeOld = true
 			} else {
 				nm = mapping{entry: m.entry, bitmap: uint64(alloc) | uint64(zero)<<32}
 			}
-		case discard && (!img.v3 || !hasBacking):
-			nm = mapping{}
-			freeOld = true
 		case !img.v3:
 			nm = mapping{}
 			freeOld = true
@@ -134,24 +142,42 @@ func (img *Image) zeroSubclusters(c int64, mask uint32, mayUnmap, discard bool) 
 		if nm.entry == 0 && nm.bitmap == 0 && m.entry == 0 && m.bitmap == 0 {
 			return nil
 		}
+		if freeOld && img.passDiscard {
+			img.punchLaterLocked(m)
+		}
 		return img.setEntryLocked(c, nm, freeOld)
 	})
 }
 
+// punchLaterLocked marks the host clusters of an entry a guest discard
+// frees to be punched when Flush drops their refcount (pass-discard-request).
+func (img *Image) punchLaterLocked(m mapping) {
+	if img.hasDataFile {
+		return
+	}
+	if img.pendingPunch == nil {
+		img.pendingPunch = make(map[uint64]struct{})
+	}
+	for _, c := range img.entryClusters(m) {
+		img.pendingPunch[uint64(c)<<img.clusterBits] = struct{}{}
+	}
+}
+
 var errPartialCompressed = &CorruptError{Msg: "internal: partial zero of a compressed cluster"}
 
-// Discard drops whole clusters in [off, off+n); partial clusters are left
-// alone. Discarded clusters read as zeros, except in a v2 image with a
-// backing file, where they read from the backing file again (v2 has no
-// zero flag), as in QEMU. Images with an external data file ignore
-// discards.
+// Discard drops whole clusters in [off, off+n), as QEMU's guest discard;
+// partial clusters are left alone. Discarded clusters read as zeros (the
+// zero flag in v3, all-zero subclusters with extended L2, unallocated in
+// v2). A v2 image with a backing file ignores discards, as QEMU does
+// (they would expose the backing file), and so do images with an
+// external data file.
 func (img *Image) Discard(off, n int64) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := img.beginWrite(off, n); err != nil {
 		return err
 	}
-	if img.hasDataFile {
+	if img.hasDataFile || (!img.v3 && img.hdr.BackingFile != "") {
 		return nil
 	}
 	end := off + n
