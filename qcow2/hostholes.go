@@ -18,8 +18,9 @@ import (
 // between the table and the next. The set is copied on insert and read
 // without a lock.
 //
-// A data run never goes stale: ovis never punches holes in, or shrinks,
-// the files of an open image, so data stays data. A hole run goes stale
+// A data run goes stale only when the open image itself punches or cuts
+// its file (a shrinking resize; a discard with pass-discard-request on),
+// and both clear the remembered runs afterwards. A hole run goes stale
 // when a write fills part of it. Every write of guest data or compressed
 // clusters goes through writeHost, which bumps hostGen before and after
 // the write; hole runs are used only while hostGen is what it was before

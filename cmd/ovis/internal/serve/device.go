@@ -90,6 +90,12 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 		}
 	}
 	img, _ := dev.(*qcow2.Image)
+	if img != nil && c.Discard == DiscardUnmap {
+		// discard=unmap sets BDRV_O_UNMAP, which turns on qcow2's
+		// pass-discard-request: the clusters a TRIM (or a zero write
+		// allowed to unmap) frees are punched in the host file too.
+		img.SetPassDiscardRequest(true)
+	}
 	dev = block.WithCacheMode(dev, c.Cache)
 	return withPolicy(dev, c.Discard, c.DetectZeroes), format, img, nil
 }
