@@ -9,11 +9,11 @@ import (
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
-// This file changes qcow2 images that are closed, through the header
-// alone, for the two steps the engine has no call for yet: pointing an
-// image at another backing file (rebase) and emptying it (commit). Both
-// are what QEMU does: qcow2_change_backing_file rewrites the header, and
-// make_completely_empty lays out a fresh set of tables after the header.
+// This file changes a qcow2 image that is closed, through the header
+// alone, for the one step the engine has no call for yet: emptying it
+// (commit), as QEMU's make_completely_empty lays out a fresh set of tables
+// after the header. (Rebase now changes the backing file on the open,
+// locked image.)
 
 // errNoHeaderRoom is QEMU's ENOSPC: the backing file name and the header
 // extensions do not fit in the first cluster.
@@ -30,37 +30,6 @@ func readHeader(f *os.File) (*qcow2.Header, error) {
 		return nil, err
 	}
 	return qcow2.ParseHeader(buf, st.Size())
-}
-
-// setBacking records a new backing file name and format in the header of
-// the closed qcow2 image at path ("" for both removes the backing file),
-// as QEMU's qcow2_change_backing_file does. Other header extensions and
-// fields are kept.
-func setBacking(path, name, format string) error {
-	if name != "" && len(name) > 1023 {
-		return fmt.Errorf("backing file name of %d bytes: %w", len(name), errors.ErrUnsupported)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	h, err := readHeader(f)
-	if err != nil {
-		return err
-	}
-	if name != "" && h.DataFileRaw() {
-		return errors.New("Invalid argument")
-	}
-	h.BackingFile, h.BackingFormat = name, format
-	buf, err := h.Encode()
-	if err != nil {
-		return errNoHeaderRoom
-	}
-	if _, err := f.WriteAt(buf, 0); err != nil {
-		return err
-	}
-	return f.Sync()
 }
 
 // canMakeEmpty reports whether makeEmpty can empty the image with this
