@@ -252,6 +252,12 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 	if img, ok := src.(*qcow2.Image); ok && targetHasBacking && img.Backing() != nil {
 		c.copyTopOnly = true
 	}
+	if img, ok := block.Unwrap(dst).(*qcow2.Image); ok && !cfg.NoCreate && img.Backing() != nil {
+		// qemu-img knows the backing file's length only for a new target.
+		// In sectors, rounded up as QEMU's total_sectors.
+		c.zeroSkipFrom = (img.Backing().Size() + 511) / 512 * 512
+		c.skipZeroTail = true
+	}
 	err = runCopy(ctx, c, cfg)
 	if cerr := dst.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)

@@ -42,6 +42,13 @@ type copier struct {
 	// copyTopOnly: the output has a backing file standing in for the
 	// source's, so only the source's own layer (Depth 1) is copied.
 	copyTopOnly bool
+	// zeroSkipFrom, with skipZeroTail, is where the new output's backing
+	// file ends (in whole sectors): past it the backing file reads zeros,
+	// so a range the source reports as zero is left unallocated, as
+	// qemu-img's target_backing_sectors does; zeros found in data are
+	// still written.
+	zeroSkipFrom int64
+	skipZeroTail bool
 	// bar is the progress bar, nil without -p. Add64 is safe for
 	// concurrent use.
 	bar *progressbar.ProgressBar
@@ -298,9 +305,11 @@ func (c *copier) writeInOrder(ctx context.Context, writes <-chan write, pool cha
 
 // classify maps a source extent to what the copy does with it. With -S 0
 // zeros are data too: qemu-img then allocates the whole output.
-func (c *copier) classify(e block.Extent) kind {
+func (c *copier) classify(e block.Extent, off int64) kind {
 	switch {
 	case c.copyTopOnly && e.Depth != 1:
+		return kindSkip
+	case e.Status&block.StatusZero != 0 && c.skipZeroTail && off >= c.zeroSkipFrom:
 		return kindSkip
 	case e.Status&block.StatusZero != 0 && c.minSparse > 0:
 		return kindZero
@@ -356,7 +365,11 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 			ask = minExtentAsk
 		}
 		end := min(off+e.Length, size)
-		k := c.classify(e)
+		if c.skipZeroTail && off < c.zeroSkipFrom && end > c.zeroSkipFrom {
+			// Zeros are handled differently from there on.
+			end = c.zeroSkipFrom
+		}
+		k := c.classify(e, off)
 		if k == kindData && c.qprog != nil {
 			end = c.hostRun(off, end)
 		}
@@ -469,10 +482,49 @@ func (c *copier) zero(ctx context.Context, off, n int64) error {
 	if err := c.rate.wait(ctx, n); err != nil {
 		return err
 	}
-	if err := c.dst.WriteZeroes(off, n, c.minSparse > 0, false); err != nil {
+	at, m := off, n
+	if c.ordered {
+		at, m = c.widenZero(off, n)
+	}
+	if err := c.dst.WriteZeroes(at, m, c.minSparse > 0, false); err != nil {
 		return fmt.Errorf("error while writing at byte %d: %w", off, err)
 	}
 	return nil
+}
+
+// widenZero stretches a zero write over the rest of the qcow2 output's
+// subclusters it covers in part, where that rest reads as zeros already
+// and holds no data of the output's own: QEMU's qcow2_co_pwrite_zeroes
+// then zeroes the whole subcluster instead of writing zeros into it
+// (e.g. where the output's backing file ends inside a cluster). Only for
+// ordered writes: the rest is looked at before the write is made, which
+// is safe only while no other write can land in between.
+func (c *copier) widenZero(off, n int64) (int64, int64) {
+	img, ok := block.Unwrap(c.dst).(*qcow2.Image)
+	if !ok {
+		return off, n
+	}
+	h := img.Header()
+	if h.Version < 3 || h.IncompatibleFeatures&qcow2.IncompatDataFile != 0 {
+		return off, n // no zero flag, or zeros are written to the data file
+	}
+	sub := img.ClusterSize()
+	if h.ExtendedL2() {
+		sub /= 32
+	}
+	readsZero := func(at, l int64) bool {
+		e, err := img.Extent(at, l)
+		return err == nil && e.Length >= l && e.Status&block.StatusZero != 0 &&
+			(e.Depth != 1 || e.Status&block.StatusHole != 0)
+	}
+	if head := off % sub; head != 0 && readsZero(off-head, head) {
+		off, n = off-head, n+head
+	}
+	end := off + n
+	if tail := min((sub-end%sub)%sub, img.Size()-end); tail > 0 && readsZero(end, tail) {
+		n += tail
+	}
+	return off, n
 }
 
 func (c *copier) read(p []byte, off int64) error {
@@ -535,7 +587,7 @@ func (c *copier) prepareData(j job, w write) (write, error) {
 	if err := c.read(p, off); err != nil {
 		return w, err
 	}
-	spans := c.spans(p)
+	spans := c.spans(p, off)
 	w.run = func(ctx context.Context) error { return c.writeSpans(ctx, p, off, spans) }
 	return w, nil
 }
@@ -558,43 +610,101 @@ func (c *copier) offload(ctx context.Context, dst, src *block.Raw, p []byte, off
 	if err := c.read(p, off); err != nil {
 		return err
 	}
-	return c.writeSpans(ctx, p, off, c.spans(p))
+	return c.writeSpans(ctx, p, off, c.spans(p, off))
 }
 
-// spans splits data into the runs to write and its all-zero runs of at
-// least minSparse bytes (found at 512-byte granularity).
-func (c *copier) spans(p []byte) []span {
-	var spans []span
-	dataStart := 0
-	if c.minSparse > 0 {
-		for i := 0; i < len(p); {
-			s := min(len(p)-i, len(zeroSector))
-			if !bytes.Equal(p[i:i+s], zeroSector[:s]) {
-				i += s
-				continue
-			}
-			z := i + s
-			for z < len(p) {
-				s := min(len(p)-z, len(zeroSector))
-				if !bytes.Equal(p[z:z+s], zeroSector[:s]) {
-					break
-				}
-				z += s
-			}
-			if int64(z-i) >= c.minSparse {
-				if i > dataStart {
-					spans = append(spans, span{dataStart, i, false})
-				}
-				spans = append(spans, span{i, z, true})
-				dataStart = z
-			}
-			i = z
-		}
+// spans splits data read at off into the runs to write and the zero
+// runs to zero instead, where qemu-img convert splits its buffer
+// (is_allocated_sectors_min): a run of zero sectors counts only if it
+// starts the buffer or is at least minSparse long, and the ends of data
+// runs are rounded up to the alignment (minSparse rounded down to a power
+// of two) while zero runs shrink to it, so that writes stay aligned.
+func (c *copier) spans(p []byte, off int64) []span {
+	if c.minSparse <= 0 {
+		return []span{{0, len(p), false}}
 	}
-	if dataStart < len(p) {
-		spans = append(spans, span{dataStart, len(p), false})
+	nsec := (len(p) + 511) / 512
+	minSec := max(int(c.minSparse/512), 1)
+	align := 1
+	for align*2 <= minSec {
+		align *= 2
+	}
+	var spans []span
+	add := func(from, to int, zero bool) {
+		to = min(to*512, len(p))
+		from *= 512
+		if k := len(spans); k > 0 && spans[k-1].zero == zero {
+			spans[k-1].to = to
+			return
+		}
+		spans = append(spans, span{from, to, zero})
+	}
+	sector := off / 512
+	for i := 0; i < nsec; {
+		data, n := allocatedSectorsMin(p, i, nsec-i, minSec, sector+int64(i), align)
+		add(i, i+n, !data)
+		i += n
 	}
 	return spans
+}
+
+// sectorIsZero reports whether sector i of p (maybe short at the end)
+// is all zeros.
+func sectorIsZero(p []byte, i int) bool {
+	s := p[i*512 : min(i*512+512, len(p))]
+	return bytes.Equal(s, zeroSector[:len(s)])
+}
+
+// allocatedSectors is qemu-img's is_allocated_sectors over the n sectors
+// of p from sector i (device sector number sector): whether the first
+// holds data, and how many share its state, the run's end aligned.
+func allocatedSectors(p []byte, i, n int, sector int64, align int) (bool, int) {
+	if n <= 0 {
+		return false, 0
+	}
+	zero := sectorIsZero(p, i)
+	k := 1
+	for k < n && sectorIsZero(p, i+k) == zero {
+		k++
+	}
+	if k == n {
+		return !zero, k
+	}
+	if tail := int((sector + int64(k)) & int64(align-1)); tail != 0 {
+		if zero && k <= tail {
+			// The data that follows rewrites this short zero tail anyway.
+			zero = false
+		}
+		if !zero {
+			k = min(k+align-tail, n)
+		} else {
+			k -= tail
+		}
+	}
+	return !zero, k
+}
+
+// allocatedSectorsMin is qemu-img's is_allocated_sectors_min: a data run
+// goes on over zero runs shorter than minSec sectors.
+func allocatedSectorsMin(p []byte, i, n, minSec int, sector int64, align int) (bool, int) {
+	minSec = min(minSec, n)
+	data, k := allocatedSectors(p, i, n, sector, align)
+	if !data {
+		return false, k
+	}
+	used, checked := k, k
+	i, n, sector = i+k, n-k, sector+int64(k)
+	for n > 0 {
+		data, k = allocatedSectors(p, i, n, sector, align)
+		i, n, sector = i+k, n-k, sector+int64(k)
+		checked += k
+		if data {
+			used = checked
+		} else if k >= minSec {
+			break
+		}
+	}
+	return true, used
 }
 
 // writeSpans writes the spans of p, which holds the source at off.
