@@ -159,6 +159,8 @@ func TestReproConvertBackingTailLikeQemu(t *testing.T) {
 		outOpts  string
 		flags    []string
 		noCreate bool
+		// srcOnBack: the source is an overlay of the backing file.
+		srcOnBack bool
 	}
 	tail := []string{"write -q -P 0x61 0 4k", "write -q -z 100k 8k", "write -q -P 0 200k 64k", "write -q -P 0x62 300k 1k"}
 	cases := []tc{
@@ -184,6 +186,24 @@ func TestReproConvertBackingTailLikeQemu(t *testing.T) {
 			srcFmt: "raw", srcSize: "1M", srcIO: tail, flags: []string{"-S", "0"}},
 		{name: "no-create", backFmt: "raw", backSize: "64k", backIO: []string{"write -q -P 0x4d 0 64k"},
 			srcFmt: "raw", srcSize: "1M", srcIO: tail, noCreate: true},
+		{name: "no-create-qcow2", backFmt: "qcow2", backSize: "100k", backIO: []string{"write -q -P 0x4d 0 100k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: tail, noCreate: true, outOpts: "cluster_size=4096"},
+		{name: "unaligned-source", backFmt: "raw", backSize: "70001", backIO: []string{"write -q -P 0x4d 0 70001"},
+			srcFmt: "raw", srcSize: "777777", srcIO: append(tail, "write -q -P 0x70 777000 777")},
+		{name: "compressed-qcow2-backing", backFmt: "qcow2", backSize: "160k", backOpts: "extended_l2=on", backIO: []string{"write -q -P 0x4d 0 160k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: tail, flags: []string{"-c"}, outOpts: "cluster_size=4096"},
+		{name: "S0-qcow2", backFmt: "qcow2", backSize: "100k", backIO: []string{"write -q -P 0x4d 0 100k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: tail, flags: []string{"-S", "0"}, outOpts: "extended_l2=on"},
+		{name: "S16k", backFmt: "raw", backSize: "100k", backIO: []string{"write -q -P 0x4d 0 100k"},
+			srcFmt: "raw", srcSize: "1M", srcIO: tail, flags: []string{"-S", "16k"}, outOpts: "cluster_size=8192"},
+		{name: "v2-target", backFmt: "raw", backSize: "100k", backIO: []string{"write -q -P 0x4d 0 100k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: tail, outOpts: "compat=0.10"},
+		{name: "overlay-source", backFmt: "qcow2", backSize: "100k", backIO: []string{"write -q -P 0x4d 0 100k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: tail, srcOnBack: true},
+		{name: "overlay-source-zero-clusters", backFmt: "raw", backSize: "200k", backIO: []string{"write -q -P 0x4d 0 200k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: []string{"write -q -z 0 1M", "write -q -P 0x61 500k 4k"}, srcOnBack: true, outOpts: "cluster_size=4096"},
+		{name: "zeros-all-over", backFmt: "raw", backSize: "300k", backIO: []string{"write -q -P 0x4d 0 300k"},
+			srcFmt: "qcow2", srcSize: "1M", srcIO: []string{"write -q -P 0x61 0 1M", "write -q -z 10k 500k", "write -q -P 0 600k 100k", "discard -q 800k 64k"}, outOpts: "cluster_size=16384"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -198,12 +218,16 @@ func TestReproConvertBackingTailLikeQemu(t *testing.T) {
 				testutil.QemuIO(t, filepath.Join(src, back), c.backFmt, cmd)
 			}
 			in := "in." + c.srcFmt
-			testutil.QemuImg(t, "create", "-q", "-f", c.srcFmt, filepath.Join(src, in), c.srcSize)
+			if c.srcOnBack {
+				testutil.QemuImg(t, "create", "-q", "-f", c.srcFmt, "-b", back, "-F", c.backFmt, filepath.Join(src, in), c.srcSize)
+			} else {
+				testutil.QemuImg(t, "create", "-q", "-f", c.srcFmt, filepath.Join(src, in), c.srcSize)
+			}
 			for _, cmd := range c.srcIO {
 				testutil.QemuIO(t, filepath.Join(src, in), c.srcFmt, cmd)
 			}
 			conv := append([]string{"convert", "-f", c.srcFmt, "-O", "qcow2", "-B", back, "-F", c.backFmt}, c.flags...)
-			if c.outOpts != "" {
+			if c.outOpts != "" && !c.noCreate {
 				conv = append(conv, "-o", c.outOpts)
 			}
 			if c.noCreate {
