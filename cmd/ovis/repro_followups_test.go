@@ -53,6 +53,9 @@ func TestReproDirtyRepairOnWritableOpen(t *testing.T) {
 		{"commit-no-backing", []string{"commit", "a.qcow2"}, false, true},
 		{"commit", []string{"commit", "a.qcow2"}, true, true},
 		{"amend", []string{"amend", "-o", "lazy_refcounts=off", "a.qcow2"}, false, true},
+		{"convert-existing", []string{"convert", "-n", "-f", "raw", "-O", "qcow2", "s.raw", "a.qcow2"}, false, true},
+		{"convert-existing-quiet", []string{"convert", "-q", "-n", "-f", "raw", "-O", "qcow2", "s.raw", "a.qcow2"}, false, true},
+		{"resize-quiet", []string{"resize", "-q", "a.qcow2", "2M"}, false, true},
 		{"check", []string{"check", "a.qcow2"}, false, false},
 		{"check-repair", []string{"check", "-r", "all", "a.qcow2"}, false, true},
 		{"info", []string{"info", "a.qcow2"}, false, false},
@@ -70,6 +73,8 @@ func TestReproDirtyRepairOnWritableOpen(t *testing.T) {
 			dirtyLazyImage(t, filepath.Join(src, "a.qcow2"), extra...)
 			qd, od := t.TempDir(), t.TempDir()
 			for _, d := range []string{qd, od} {
+				testutil.QemuImg(t, "create", "-q", "-f", "raw", filepath.Join(d, "s.raw"), "1M")
+				testutil.QemuIO(t, filepath.Join(d, "s.raw"), "raw", "write -q -P 0x33 128k 64k")
 				twin(t, filepath.Join(src, "a.qcow2"), d, "a.qcow2")
 				if c.base {
 					twin(t, filepath.Join(src, "base.qcow2"), d, "base.qcow2")

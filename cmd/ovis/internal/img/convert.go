@@ -221,6 +221,18 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 	if err != nil {
 		return writerOpenError(cfg.Dest, outFmt, err)
 	}
+	if cfg.NoCreate {
+		// An existing dirty target is repaired as it opens, aloud even
+		// under -q, as qemu-img.
+		w := cfg.ProgressTo
+		if w == nil {
+			w = os.Stderr
+		}
+		if err := repairDirty(block.Unwrap(dst), cfg.Dest, w); err != nil {
+			dst.Close()
+			return err
+		}
+	}
 	if cfg.Bitmaps {
 		if img, ok := block.Unwrap(dst).(*qcow2.Image); !ok || img.Header().Version < 3 {
 			format := "raw"
