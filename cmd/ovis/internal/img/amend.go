@@ -262,3 +262,11 @@ func repairDirty(dev block.Device, filename string, stderr io.Writer) error {
 	}
 	return nil
 }
+
+// RepairDirty is what QEMU does when it opens a dirty lazy-refcounts
+// image for writing (qemu-nbd included): it repairs the refcounts and
+// prints the repair on stderr. A device that is not a dirty qcow2 image
+// is left alone.
+func RepairDirty(dev block.Device, filename string, stderr io.Writer) error {
+	return repairDirty(dev, filename, stderr)
+}

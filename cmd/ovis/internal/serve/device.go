@@ -89,15 +89,23 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 			return nil, "", nil, err
 		}
 	}
-	img, _ := dev.(*qcow2.Image)
-	if img != nil && c.Discard == DiscardUnmap {
+	image, _ := dev.(*qcow2.Image)
+	if image != nil && !o.ReadOnly && c.Warnings != nil {
+		// qemu-nbd repairs a dirty lazy-refcounts image when it opens it
+		// for writing, and prints the repair.
+		if err := img.RepairDirty(dev, display, c.Warnings); err != nil {
+			dev.Close()
+			return nil, "", nil, &msgError{msg: "Failed to blk_new_open " + strings.TrimPrefix(err.Error(), "Could not open ")}
+		}
+	}
+	if image != nil && c.Discard == DiscardUnmap {
 		// discard=unmap sets BDRV_O_UNMAP, which turns on qcow2's
 		// pass-discard-request: the clusters a TRIM (or a zero write
 		// allowed to unmap) frees are punched in the host file too.
-		img.SetPassDiscardRequest(true)
+		image.SetPassDiscardRequest(true)
 	}
 	dev = block.WithCacheMode(dev, c.Cache)
-	return withPolicy(dev, c.Discard, c.DetectZeroes), format, img, nil
+	return withPolicy(dev, c.Discard, c.DetectZeroes), format, image, nil
 }
 
 // openOverlay makes a qcow2 overlay in os.TempDir whose backing file is
