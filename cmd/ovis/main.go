@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/qcow2"
 )
 
 func main() {
@@ -52,6 +53,12 @@ func exit(w io.Writer, err error) int {
 // "qemu-img: ". An errors.Join of several errors is several reports, one
 // prefixed line each; a usage error is followed by a pointer to --help.
 func report(w io.Writer, err error) {
+	// QEMU reports a corruption event (an allocation refused for
+	// overlapping metadata) when it happens, before the operation fails.
+	var ev *qcow2.CorruptionEvent
+	if errors.As(err, &ev) {
+		fmt.Fprintln(w, ev.Message())
+	}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		for _, e := range j.Unwrap() {
 			fmt.Fprintf(w, "ovis: %v\n", e)

@@ -225,6 +225,14 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 	return target.Flush()
 }
 
+// jobError is how qemu-img commit reports an I/O error of its block job:
+// "Block job failed: " and the errno's text. It keeps the cause for
+// errors.As (a qcow2 corruption event is reported before it).
+type jobError struct{ err error }
+
+func (e jobError) Error() string { return "Block job failed: " + strerror(e.err) }
+func (e jobError) Unwrap() error { return e.err }
+
 // copyRange copies [off, off+n) of src to dst, or zeroes it there. It
 // stops between chunks once ctx is done.
 func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte, rate *rateLimiter) error {
@@ -233,7 +241,7 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 			return err
 		}
 		if err := dst.WriteZeroes(off, n, true, false); err != nil {
-			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
+			return jobError{err}
 		}
 		return nil
 	}
@@ -246,10 +254,10 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 			return err
 		}
 		if _, err := src.ReadAt(buf[:k], off); err != nil {
-			return fmt.Errorf("error while reading at byte %d: %s", off, strerror(err))
+			return jobError{err}
 		}
 		if _, err := dst.WriteAt(buf[:k], off, false); err != nil {
-			return fmt.Errorf("error while writing at byte %d: %s", off, strerror(err))
+			return jobError{err}
 		}
 		off += k
 	}
