@@ -1,0 +1,55 @@
+package nbd
+
+import (
+	"sync"
+)
+
+// This file holds the budget that bounds the requests and buffer bytes in
+// service, per connection and for the server's READ buffers.
+
+// budget bounds requests in service by count and by buffer bytes. A
+// connection's budget is acquired only by its reader; the server's
+// (Server.readMem) by every connection's reader. Handlers release.
+type budget struct {
+	mu       sync.Mutex
+	cond     sync.Cond
+	maxReqs  int
+	maxBytes int64
+	reqs     int
+	bytes    int64
+}
+
+func (b *budget) init(maxReqs int, maxBytes int64) {
+	b.cond.L = &b.mu
+	b.maxReqs, b.maxBytes = maxReqs, maxBytes
+}
+
+// acquire waits until one more request of n bytes fits. A request always
+// fits when nothing else is in service.
+func (b *budget) acquire(n int64) {
+	b.mu.Lock()
+	for b.reqs >= b.maxReqs || (b.reqs > 0 && b.bytes+n > b.maxBytes) {
+		b.cond.Wait()
+	}
+	b.reqs++
+	b.bytes += n
+	b.mu.Unlock()
+}
+
+// release gives back a request of n bytes. Every waiter is woken: waiters
+// of different sizes may wait on the server's budget, and the one that
+// now fits may not be the first.
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.reqs--
+	b.bytes -= n
+	b.mu.Unlock()
+	b.cond.Broadcast()
+}
+
+// busy reports whether a request is in service.
+func (b *budget) busy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reqs > 0
+}
