@@ -1,11 +1,21 @@
 // Package nbd serves any block.Device over the Network Block Device
 // protocol, as specified in NetworkBlockDevice/nbd doc/proto.md.
 //
-// Files, by concern: proto.go (wire constants, Errno), handshake.go
-// (fixed newstyle option haggling, STARTTLS, metadata contexts),
-// request.go (the per-command validation table), transmission.go (the
-// request loop and the handlers), reply.go (reply encoding, buffer
-// pools), server.go (Export, Config, Server lifecycle).
+// Files, by concern:
+//
+//   - proto.go: wire constants, Errno
+//   - handshake.go: fixed newstyle option haggling, STARTTLS, metadata contexts
+//   - list.go: the client side of listing exports (qemu-nbd --list)
+//   - request.go: the per-command validation table
+//   - transmission.go: the request loop, idle timeouts, dispatch to handlers
+//   - cork.go: reply writing, corked inline replies, shared flushes
+//   - workers.go: the per-connection worker pool
+//   - read.go: NBD_CMD_READ, inline and structured (holes)
+//   - blockstatus.go: NBD_CMD_BLOCK_STATUS, device and dirty-bitmap runs
+//   - errno.go: device errors to NBD errors
+//   - budget.go: bounds on requests and buffer bytes in service
+//   - reply.go: reply encoding, buffer pools
+//   - server.go: Export, Config, Server lifecycle
 //
 // What a client gets:
 //
