@@ -21,13 +21,14 @@ type Device interface {
 	io.ReaderAt
 
 	// WriteAt writes p at off. With fua set, the data (and the metadata
-	// needed to read it back) is durable when WriteAt returns, without
-	// flushing other writes.
+	// needed to read it back) is durable when WriteAt returns. A backend
+	// may make other completed writes durable on the way, and ovis's do:
+	// Raw fdatasyncs the whole file and qcow2 runs a full Flush.
 	WriteAt(p []byte, off int64, fua bool) (int, error)
 
 	// WriteZeroes makes [off, off+n) read as zeros. With mayUnmap the
 	// device may deallocate the range; without it, the range stays
-	// allocated (NBD's NO_HOLE).
+	// allocated (NBD's NO_HOLE). fua is as for WriteAt.
 	WriteZeroes(off, n int64, mayUnmap bool, fua bool) error
 
 	// Discard hints that [off, off+n) is no longer needed. Afterwards the

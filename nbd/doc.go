@@ -83,6 +83,12 @@
 //     succeeds), and Closed exactly once, last, before Shutdown or Close
 //     returns.
 //
+// Locking (docs/architecture.md, "Locks"): Server.mu, then a
+// connection's serverConn.mu; a connection's reply mutex and the buffer
+// budgets are leaves. No nbd lock is held while calling the device or
+// Config.ConnState. Replies are written to the socket under the reply
+// mutex, bounded by IdleTimeout when it is set.
+//
 // Order for callers: open the devices, New(Config), Serve on each
 // listener (it blocks), then Shutdown (graceful) or Close; close the
 // devices last. The Server never closes a device.

@@ -25,9 +25,13 @@
 //  4. A cluster whose refcount is not exactly 1 is never written in
 //     place: it is copied first (snapshots, compressed clusters).
 //  5. Clusters freed since the last flush are not reused before it.
-//  6. No metadata lock is held across data I/O, and table loads happen
-//     with the lock released; refcount table growth and the refcount
-//     rebuild after an unclean shutdown are the documented exceptions.
+//  6. No metadata lock (mu) is held across data I/O, and table loads
+//     happen with it released. mu is held for I/O only in the rare steps
+//     docs/architecture.md lists: refcount table growth, the first write
+//     (refcount rebuild after an unclean shutdown, lazy-refcounts dirty
+//     bit, flagging enabled bitmaps in-use), the dirty bit's clearing at
+//     Close, the corrupt bit of an overlap event, and operations under
+//     the exclusive gate.
 //  7. The allocator never hands out a cluster holding metadata: on a
 //     damaged image whose refcounts call metadata free, the allocation is
 //     refused as QEMU's overlap check refuses the write (the image is
@@ -37,6 +41,17 @@
 //     it has drained, and before its refcount drops (so before it can be
 //     reused); a cluster still referenced elsewhere is not punched.
 //
-// Not done here: encryption (refused with UnsupportedError), bitmaps
-// beyond keeping them intact, snapshot create/apply/delete, resize.
+// Locking (docs/architecture.md, "Locks", is the full table): gate, then
+// flushMu, then mu, then the leaves bm.mu and hostRunsMu. gate is held
+// shared by every I/O method and exclusively by operations that rewrite
+// metadata wholesale (snapshots, amend, resize, bitmap changes, check),
+// which so run with no I/O in flight. flushMu makes one flusher at a
+// time; Flush holds it, with mu released, across its writeback and the
+// punching of freed clusters. The corrupt bit of an overlap event is
+// written with mu held, from the allocator.
+//
+// FUA: a WriteAt or WriteZeroes with fua runs a full Flush once its data
+// is written, so every write completed before it becomes durable too.
+//
+// Not done here: encryption (refused with UnsupportedError).
 package qcow2

@@ -27,13 +27,12 @@ const (
 
 // Image is an open qcow2 image, served as a block.Device.
 //
-// Locking: the lock order is gate, flushMu, mu. mu guards the metadata in memory (header, L1 table, refcount
-// table, both table caches, in-flight allocations). Data I/O never happens
-// under mu; metadata tables are read with mu released (tableCache.load).
-// flushMu serializes Flush and is taken before mu. Growth of the refcount
-// table is the one step that writes with mu held: it is rare (once per
-// refcount table's worth of clusters) and must not interleave with
-// allocation.
+// Locking: the order is gate, flushMu, mu, then the leaves bm.mu and
+// hostRunsMu (docs/architecture.md, "Locks", has the table). Data I/O
+// never happens under mu, and metadata tables are read with mu released
+// (tableCache.load). The I/O done with mu held is rare and listed there:
+// refcount table growth, beforeFirstWrite, markClean, the corrupt bit of
+// an overlap event, and everything inside exclusive.
 //
 // Safe for concurrent use. Release with Close.
 type Image struct {
@@ -70,11 +69,17 @@ type Image struct {
 	forCheck bool
 
 	// gate is held shared by every I/O method and exclusively by
-	// operations that rewrite metadata wholesale (snapshots, resize,
-	// check): they run with no I/O in flight.
-	gate    sync.RWMutex
+	// operations that rewrite metadata wholesale (exclusive: snapshots,
+	// amend, resize, bitmap changes; also CheckContext, LoadSnapshot):
+	// they run with no I/O in flight.
+	gate sync.RWMutex
+	// flushMu makes one flusher at a time: Flush, refcount writeback and
+	// table growth, beforeFirstWrite, markClean, exclusive. Taken before
+	// mu; Flush holds it across its writeback with mu released.
 	flushMu sync.Mutex
-	mu      sync.Mutex
+	// mu guards the metadata in memory; the table caches and usersCond
+	// use it too.
+	mu sync.Mutex
 	// Fields below are guarded by mu.
 	hdr      Header
 	l1       []uint64
