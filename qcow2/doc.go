@@ -4,12 +4,42 @@
 // The specification is docs/interop/qcow2.rst in QEMU's tree; QEMU's own
 // tools (qemu-img, qemu-io) are the oracle for every format question.
 //
-// Files, by concern: header.go (header and extensions), l2.go (entry
-// decoding), cache.go (metadata table cache), refcount.go (refcounts and
-// allocation), read.go, write.go, zero.go, compressed.go (the I/O paths),
-// flush.go (crash-ordered writeback), create.go, backing.go, snapshot.go,
-// compress.go (deflate and zstd), rebuild.go (refcount reconstruction),
-// overlap.go (the allocation overlap check).
+// Files, by concern:
+//
+//   - image.go: the Image, Open and Close, entry masks
+//   - options.go: Open's options
+//   - errors.go: corrupt, format and unsupported errors
+//   - header.go: header and extensions
+//   - l2.go: L2 entry decoding
+//   - cache.go: metadata table cache
+//   - refcount.go: refcounts and allocation
+//   - refcountentry.go: refcount block entries for tools
+//   - read.go, write.go, zero.go, compressed.go: the I/O paths
+//   - hostholes.go: mapped clusters that are holes in the host file
+//   - map.go: MapAt, where guest runs live
+//   - flush.go: crash-ordered writeback
+//   - create.go: image creation
+//   - backing.go: backing files and format probing
+//   - compress.go: deflate and zstd
+//   - bitmap.go: persistent dirty bitmaps
+//   - metrics.go: Prometheus cache counters
+//   - gate.go: the exclusive gate, drain of users for wholesale metadata changes
+//   - refcounthelpers.go: refcount and allocation helpers of exclusive operations
+//   - tableio.go: whole-table reads and writes of exclusive operations
+//   - copied.go: COPIED-flag upkeep after refcount changes
+//   - snapshot.go: the snapshot table format
+//   - snapshotops.go: snapshot create, delete, apply and load
+//   - resize.go: resize
+//   - amend.go: amend
+//   - check.go: Check, the qemu-img check entry point
+//   - checkresult.go: check results, repairs, qemu-img's message formatting
+//   - checkwalk.go: check's reference count walk
+//   - checkcompare.go: check's refcount comparison and in-place repair
+//   - checkrebuild.go: check's refcount structure rebuild
+//   - checkcopied.go: check's COPIED pass and metadata overlap check
+//   - checksnap.go: check of the snapshot table
+//   - rebuild.go: refcount reconstruction
+//   - overlap.go: the allocation overlap check
 //
 // Invariants:
 //
