@@ -332,15 +332,7 @@ func (img *Image) freshHost(start int64, mode string) (uint64, error) {
 	if img.hasDataFile {
 		return uint64(start), nil
 	}
-	var host uint64
-	allocated := false
-	err := img.withMetadata(func() (err error) {
-		if !allocated {
-			host, err = img.allocClusterLocked()
-			allocated = err == nil
-		}
-		return err
-	})
+	host, err := img.allocClusterRetrying()
 	if err != nil {
 		return 0, err
 	}
@@ -399,15 +391,7 @@ func (img *Image) copyClusterAway(c int64, m mapping) (mapping, error) {
 	if _, err := img.data.ReadAt(buf, int64(h)); err != nil && !errors.Is(err, io.EOF) {
 		return mapping{}, fmt.Errorf("qcow2: reading the cluster at %#x: %w", h, err)
 	}
-	var host uint64
-	allocated := false
-	err := img.withMetadata(func() (err error) {
-		if !allocated {
-			host, err = img.allocClusterLocked()
-			allocated = err == nil
-		}
-		return err
-	})
+	host, err := img.allocClusterRetrying()
 	if err != nil {
 		return mapping{}, err
 	}
@@ -590,4 +574,20 @@ func (img *Image) lastUsedClusterLocked() (int64, error) {
 		}
 	}
 	return 0, nil
+}
+
+// allocClusterRetrying allocates one host cluster under the metadata
+// lock, retrying through table loads and refcount-table growth
+// (withMetadata) without allocating twice.
+func (img *Image) allocClusterRetrying() (uint64, error) {
+	var host uint64
+	allocated := false
+	err := img.withMetadata(func() (err error) {
+		if !allocated {
+			host, err = img.allocClusterLocked()
+			allocated = err == nil
+		}
+		return err
+	})
+	return host, err
 }
