@@ -31,13 +31,13 @@ func TestNBDDiscardUnmapFreesHostSpace(t *testing.T) {
 			before := testutil.AllocatedBytes(t, paths["ovis"])
 
 			// ovis nbd.
-			s := startNBD(t, nbdRun{args: []string{"-f", "qcow2", "--discard=" + mode, paths["ovis"]}})
+			s := startNBD(t, nbdRun{args: []string{"-t", "-f", "qcow2", "--discard=" + mode, paths["ovis"]}})
 			qemuIONBD(t, s.uri, "discard 1M 4M", "flush")
 			s.stop(syscall.SIGTERM)
 
 			// qemu-nbd on the twin.
 			sock := filepath.Join(shortTempDir(t), "q.sock")
-			q := exec.Command("qemu-nbd", "-k", sock, "-f", "qcow2", "--discard="+mode, paths["qemu"])
+			q := exec.Command("qemu-nbd", "-t", "-k", sock, "-f", "qcow2", "--discard="+mode, paths["qemu"])
 			stop := testutil.StartUntil(t, q, func() bool { return fileExists(sock) })
 			qemuIONBD(t, "nbd+unix:///?socket="+sock, "discard 1M 4M", "flush")
 			stop()

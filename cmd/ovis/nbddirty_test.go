@@ -44,7 +44,7 @@ func TestNBDRepairsDirtyImageLikeQemu(t *testing.T) {
 			serve := func(prog string, image string) string {
 				sock := filepath.Join(shortTempDir(t), "s.sock")
 				var stderr syncBuffer
-				cmd := exec.Command(prog, append(append([]string{"nbd", "-k", sock, "-f", "qcow2"}, extra...), image)...)
+				cmd := exec.Command(prog, append(append([]string{"nbd", "-t", "-k", sock, "-f", "qcow2"}, extra...), image)...)
 				if prog == "qemu-nbd" {
 					cmd.Args = append(cmd.Args[:1], cmd.Args[2:]...)
 				}

@@ -135,7 +135,7 @@ func TestReproMapDataFileRawLikeQemu(t *testing.T) {
 					func() bool { _, err := os.Stat(sock); return err == nil })
 				want := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", "nbd+unix:///?socket="+sock)
 				stop()
-				srv := startNBD(t, nbdRun{args: []string{"-r", "-f", "qcow2", p}})
+				srv := startNBD(t, nbdRun{args: []string{"-t", "-r", "-f", "qcow2", p}})
 				got := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", srv.uri)
 				srv.stop(15)
 				if got != want {
