@@ -44,6 +44,7 @@ type diffImage struct {
 	size          int64
 	backing       string // the backing file name as stored, "" for none
 	backingFormat string
+	compat        string // "0.10" or "1.1" for qcow2
 	snapshots     []string
 }
 
@@ -203,11 +204,16 @@ func (d *diffTwins) info(t *rapid.T, dir, name string) diffImage {
 		Snapshots     []struct {
 			Name string `json:"name"`
 		} `json:"snapshots"`
+		Specific struct {
+			Data struct {
+				Compat string `json:"compat"`
+			} `json:"data"`
+		} `json:"format-specific"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &info); err != nil {
 		t.Fatalf("qemu-img info %s: %v\n%s", name, err, r.stdout)
 	}
-	img := diffImage{name: name, format: info.Format, size: info.Size, backing: info.Backing, backingFormat: info.BackingFormat}
+	img := diffImage{name: name, format: info.Format, size: info.Size, backing: info.Backing, backingFormat: info.BackingFormat, compat: info.Specific.Data.Compat}
 	for _, s := range info.Snapshots {
 		img.snapshots = append(img.snapshots, s.Name)
 	}
@@ -622,6 +628,13 @@ func (d *diffTwins) step(t *rapid.T, i int) bool {
 			if !slices.Contains(chain(imgs, c), img.name) {
 				cands = append(cands, c)
 			}
+		}
+		if img.compat == "0.10" && img.backing == "" && !slices.Contains(args, "-u") {
+			// qemu-img 7.2 loses data here: its zero writes into a v2
+			// image become discards, and the new backing file shows
+			// through where the image read zeros. ovis keeps the data
+			// (TestRebaseKeepsGuestData holds it); there is no oracle.
+			args = append(args, "-u")
 		}
 		if len(cands) == 0 || rapid.IntRange(0, 4).Draw(t, l("unbacked")) == 0 {
 			args = append(args, "-b", "")
