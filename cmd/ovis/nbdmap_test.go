@@ -2,8 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
 type mapRun struct {
@@ -52,5 +55,22 @@ func TestNBDMapMatchesLocalMap(t *testing.T) {
 	}
 	if len(l) < 4 {
 		t.Fatalf("expected several runs, got %s", lj)
+	}
+}
+
+// sameNBDMap fails the test unless `qemu-img map` over ovis nbd serving
+// the qcow2 image at p read-only prints what it prints over qemu-nbd.
+func sameNBDMap(t *testing.T, p string) {
+	t.Helper()
+	sock := filepath.Join(shortTempDir(t), "q.sock")
+	stop := testutil.StartUntil(t, exec.Command("qemu-nbd", "-r", "-f", "qcow2", "-k", sock, p),
+		func() bool { return fileExists(sock) })
+	want := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", "nbd+unix:///?socket="+sock)
+	stop()
+	srv := startNBD(t, nbdRun{args: []string{"-t", "-r", "-f", "qcow2", p}})
+	got := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", srv.uri)
+	srv.stop(15)
+	if got != want {
+		t.Errorf("qemu-img map over ovis nbd:\n%s\nover qemu-nbd:\n%s", got, want)
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -130,17 +129,7 @@ func TestReproMapDataFileRawLikeQemu(t *testing.T) {
 						sameResult(t, name+" "+out, qemuImg(t, dir, args...), ovisImg(t, dir, args...))
 					}
 				}
-				sock := filepath.Join(shortTempDir(t), "q.sock")
-				stop := testutil.StartUntil(t, exec.Command("qemu-nbd", "-r", "-f", "qcow2", "-k", sock, p),
-					func() bool { _, err := os.Stat(sock); return err == nil })
-				want := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", "nbd+unix:///?socket="+sock)
-				stop()
-				srv := startNBD(t, nbdRun{args: []string{"-t", "-r", "-f", "qcow2", p}})
-				got := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", srv.uri)
-				srv.stop(15)
-				if got != want {
-					t.Errorf("qemu-img map over ovis nbd:\n%s\nover qemu-nbd:\n%s", got, want)
-				}
+				sameNBDMap(t, p)
 			})
 		}
 	}

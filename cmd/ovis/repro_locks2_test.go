@@ -258,17 +258,7 @@ func TestReproMapHostHolesLikeQemu(t *testing.T) {
 				sameResult(t, c.name+" "+out, qemuImg(t, dir, args...), ovisImg(t, dir, args...))
 			}
 			// Block status over NBD: ovis nbd as qemu-nbd.
-			sock := filepath.Join(shortTempDir(t), "q.sock")
-			stop := testutil.StartUntil(t, exec.Command("qemu-nbd", "-r", "-f", "qcow2", "-k", sock, p),
-				func() bool { _, err := os.Stat(sock); return err == nil })
-			want := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", "nbd+unix:///?socket="+sock)
-			stop()
-			srv := startNBD(t, nbdRun{args: []string{"-t", "-r", "-f", "qcow2", p}})
-			got := runTool(t, "qemu-img", "map", "--output=json", "-f", "raw", srv.uri)
-			srv.stop(15)
-			if got != want {
-				t.Errorf("qemu-img map over ovis nbd:\n%s\nover qemu-nbd:\n%s", got, want)
-			}
+			sameNBDMap(t, p)
 		})
 	}
 }
