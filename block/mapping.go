@@ -1,6 +1,7 @@
 package block
 
 import (
+	"context"
 	"errors"
 	"math"
 
@@ -28,7 +29,7 @@ type MapExtent struct {
 // Mapper is implemented by devices that can say where their data lives
 // (qemu-img map).
 type Mapper interface {
-	MapAt(off, n int64) (MapExtent, error)
+	MapAt(ctx context.Context, off, n int64) (MapExtent, error)
 }
 
 // FileHole reports whether [off, off+n) of f starts with a hole and how
@@ -73,8 +74,8 @@ func FileRun(f File, off int64) (hole bool, end int64, ok bool) {
 // MapAt reports where [off, off+n) of a raw file lives: at the same
 // offset of the file itself, holes as zeros, as qemu-img map shows raw
 // images.
-func (r *Raw) MapAt(off, n int64) (MapExtent, error) {
-	e, err := r.Extent(off, n)
+func (r *Raw) MapAt(ctx context.Context, off, n int64) (MapExtent, error) {
+	e, err := FirstExtent(ctx, r, off, n)
 	if err != nil {
 		return MapExtent{}, err
 	}

@@ -18,10 +18,16 @@ type NoWaitReader interface {
 	ReadNoWait(p []byte, off int64) bool
 }
 
-// ReadNoWait calls d's ReadNoWait if it has one, else returns false.
+// ReadNoWait calls the ReadNoWait of d, or of the first device under d's
+// wrappers that has one, else returns false.
 func ReadNoWait(d any, p []byte, off int64) bool {
 	if r, ok := d.(NoWaitReader); ok {
 		return r.ReadNoWait(p, off)
+	}
+	if dev, ok := d.(Device); ok {
+		if r, ok := As[NoWaitReader](dev); ok {
+			return r.ReadNoWait(p, off)
+		}
 	}
 	return false
 }
@@ -45,12 +51,4 @@ func (r *Raw) ReadNoWait(p []byte, off int64) bool {
 	}
 	defer r.mu.RUnlock()
 	return ReadNoWait(r.f, p, off)
-}
-
-func (w writethroughDevice) ReadNoWait(p []byte, off int64) bool {
-	return ReadNoWait(w.Device, p, off)
-}
-
-func (u unsafeDevice) ReadNoWait(p []byte, off int64) bool {
-	return ReadNoWait(u.Device, p, off)
 }

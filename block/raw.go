@@ -1,6 +1,7 @@
 package block
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -102,7 +103,7 @@ func (r *Raw) begin(off, n int64, write bool) error {
 
 // ReadAt reads len(p) bytes at off. Bytes past the end of a file that
 // shrank since Open read as zeros.
-func (r *Raw) ReadAt(p []byte, off int64) (int, error) {
+func (r *Raw) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	if err := r.begin(off, int64(len(p)), false); err != nil {
 		return 0, err
 	}
@@ -113,8 +114,8 @@ func (r *Raw) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// WriteAt writes p at off; with fua the file is synced before it returns.
-func (r *Raw) WriteAt(p []byte, off int64, fua bool) (int, error) {
+// WriteAt writes p at off; with FUA the file is synced before it returns.
+func (r *Raw) WriteAt(_ context.Context, p []byte, off int64, f Flags) (int, error) {
 	if err := r.begin(off, int64(len(p)), true); err != nil {
 		return 0, err
 	}
@@ -123,7 +124,7 @@ func (r *Raw) WriteAt(p []byte, off int64, fua bool) (int, error) {
 	if err != nil {
 		return n, fmt.Errorf("block: raw write %d bytes at %d: %w", len(p), off, err)
 	}
-	if fua {
+	if f&FUA != 0 {
 		if err := r.f.Sync(); err != nil {
 			return n, fmt.Errorf("block: raw write at %d: fua: %w", off, err)
 		}
@@ -131,11 +132,12 @@ func (r *Raw) WriteAt(p []byte, off int64, fua bool) (int, error) {
 	return n, nil
 }
 
-// WriteZeroes makes [off, off+n) read as zeros. With mayUnmap the range is
-// deallocated (FALLOC_FL_PUNCH_HOLE); without it the range is zeroed in
+// WriteZeroes makes [off, off+n) read as zeros. Without NoUnmap the range
+// is deallocated (FALLOC_FL_PUNCH_HOLE); with it the range is zeroed in
 // place and stays allocated (FALLOC_FL_ZERO_RANGE). When the filesystem
-// supports neither, zeros are written.
-func (r *Raw) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
+// supports neither, zeros are written, or with NoFallback the request
+// fails with ErrNoFallback.
+func (r *Raw) WriteZeroes(_ context.Context, off, n int64, f Flags) error {
 	if err := r.begin(off, n, true); err != nil {
 		return err
 	}
@@ -143,10 +145,10 @@ func (r *Raw) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
 	if n == 0 {
 		return nil
 	}
-	if err := r.zeroLocked(off, n, mayUnmap); err != nil {
+	if err := r.zeroLocked(off, n, f&NoUnmap == 0, f&NoFallback != 0); err != nil {
 		return fmt.Errorf("block: raw write zeroes [%d, +%d): %w", off, n, err)
 	}
-	if fua {
+	if f&FUA != 0 {
 		if err := r.f.Sync(); err != nil {
 			return fmt.Errorf("block: raw write zeroes at %d: fua: %w", off, err)
 		}
@@ -155,8 +157,8 @@ func (r *Raw) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
 }
 
 // Discard deallocates [off, off+n) where the filesystem can; afterwards the
-// range always reads as zeros.
-func (r *Raw) Discard(off, n int64) error {
+// range always reads as zeros. With FUA the file is synced.
+func (r *Raw) Discard(_ context.Context, off, n int64, f Flags) error {
 	if err := r.begin(off, n, true); err != nil {
 		return err
 	}
@@ -164,15 +166,21 @@ func (r *Raw) Discard(off, n int64) error {
 	if n == 0 {
 		return nil
 	}
-	if err := r.zeroLocked(off, n, true); err != nil {
+	if err := r.zeroLocked(off, n, true, false); err != nil {
 		return fmt.Errorf("block: raw discard [%d, +%d): %w", off, n, err)
+	}
+	if f&FUA != 0 {
+		if err := r.f.Sync(); err != nil {
+			return fmt.Errorf("block: raw discard at %d: fua: %w", off, err)
+		}
 	}
 	return nil
 }
 
-// zeroLocked zeroes a range, preferring fallocate. Called with mu held
+// zeroLocked zeroes a range, preferring fallocate; with noFallback it
+// returns ErrNoFallback rather than write zeros. Called with mu held
 // shared.
-func (r *Raw) zeroLocked(off, n int64, mayUnmap bool) error {
+func (r *Raw) zeroLocked(off, n int64, mayUnmap, noFallback bool) error {
 	if r.fd >= 0 {
 		// ZERO_RANGE without KEEP_SIZE, as QEMU: zeroing the partial
 		// sector past the end of the file (RoundUpToSector) grows it.
@@ -189,6 +197,9 @@ func (r *Raw) zeroLocked(off, n int64, mayUnmap bool) error {
 				return fmt.Errorf("fallocate mode %#x: %w", mode, err)
 			}
 		}
+	}
+	if noFallback {
+		return ErrNoFallback
 	}
 	return writeZeros(r.f, off, n)
 }
@@ -220,7 +231,7 @@ func writeZeros(w io.WriterAt, off, n int64) error {
 }
 
 // Flush syncs the file (fdatasync for an *OSFile).
-func (r *Raw) Flush() error {
+func (r *Raw) Flush(context.Context) error {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if r.mu.closed {
@@ -235,18 +246,21 @@ func (r *Raw) Flush() error {
 	return nil
 }
 
-// Extent reports the run of data or hole that starts at off, at most n
-// bytes long, from SEEK_DATA/SEEK_HOLE. Where the file cannot tell (not an
-// *OSFile, or a filesystem without SEEK_DATA), the range is data.
-// Depth is always 1; see the type's documentation.
-func (r *Raw) Extent(off, n int64) (Extent, error) {
+// Extents reports the runs of data and holes in [off, off+n), from
+// SEEK_DATA/SEEK_HOLE. Where the file cannot tell (not an *OSFile, or a
+// filesystem without SEEK_DATA), the range is data. Depth is always 1;
+// see the type's documentation.
+func (r *Raw) Extents(_ context.Context, off, n int64, dst []Extent) ([]Extent, error) {
 	if err := r.begin(off, n, false); err != nil {
-		return Extent{}, err
+		return dst, err
 	}
 	defer r.mu.RUnlock()
-	if n == 0 {
-		return Extent{}, nil
-	}
+	return AppendRuns(off, n, dst, r.extentLocked)
+}
+
+// extentLocked is the run that starts at off, at most n bytes. Called
+// with mu held shared.
+func (r *Raw) extentLocked(off, n int64) (Extent, error) {
 	data := Extent{Length: n, Status: StatusData, Depth: 1}
 	if r.fd < 0 {
 		return data, nil

@@ -2,6 +2,7 @@ package block
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,7 +97,7 @@ func extents(t *testing.T, d Device) []Extent {
 	t.Helper()
 	var out []Extent
 	for off := int64(0); off < d.Size(); {
-		e, err := d.Extent(off, d.Size()-off)
+		e, err := FirstExtent(context.Background(), d, off, d.Size()-off)
 		if err != nil {
 			t.Fatalf("Extent(%d): %v", off, err)
 		}
@@ -126,15 +127,15 @@ func TestRawReadWrite(t *testing.T) {
 		t.Fatalf("Size = %d", r.Size())
 	}
 	p := []byte("hello, raw")
-	if n, err := r.WriteAt(p, 4097, false); err != nil || n != len(p) {
+	if n, err := r.WriteAt(context.Background(), p, 4097, 0); err != nil || n != len(p) {
 		t.Fatalf("WriteAt = %d, %v", n, err)
 	}
 	got := make([]byte, len(p))
-	if n, err := r.ReadAt(got, 4097); err != nil || n != len(p) || !bytes.Equal(got, p) {
+	if n, err := r.ReadAt(context.Background(), got, 4097); err != nil || n != len(p) || !bytes.Equal(got, p) {
 		t.Fatalf("ReadAt = %d, %v, %q", n, err, got)
 	}
 	tail := make([]byte, 10)
-	if _, err := r.ReadAt(tail, 1<<20-10); err != nil || !bytes.Equal(tail, make([]byte, 10)) {
+	if _, err := r.ReadAt(context.Background(), tail, 1<<20-10); err != nil || !bytes.Equal(tail, make([]byte, 10)) {
 		t.Fatalf("read of the tail = %v %x", err, tail)
 	}
 }
@@ -150,19 +151,19 @@ func TestRawRange(t *testing.T) {
 		name string
 		err  error
 	}{
-		{"read past end", func() error { _, err := r.ReadAt(buf, 8192-511); return err }()},
-		{"read negative", func() error { _, err := r.ReadAt(buf, -1); return err }()},
-		{"write past end", func() error { _, err := r.WriteAt(buf, 8192, false); return err }()},
-		{"zeroes past end", r.WriteZeroes(4096, 4097, true, false)},
-		{"discard past end", r.Discard(8191, 2)},
-		{"extent past end", func() error { _, err := r.Extent(8192, 1); return err }()},
+		{"read past end", func() error { _, err := r.ReadAt(context.Background(), buf, 8192-511); return err }()},
+		{"read negative", func() error { _, err := r.ReadAt(context.Background(), buf, -1); return err }()},
+		{"write past end", func() error { _, err := r.WriteAt(context.Background(), buf, 8192, 0); return err }()},
+		{"zeroes past end", r.WriteZeroes(context.Background(), 4096, 4097, 0)},
+		{"discard past end", r.Discard(context.Background(), 8191, 2, 0)},
+		{"extent past end", func() error { _, err := FirstExtent(context.Background(), r, 8192, 1); return err }()},
 	}
 	for _, tt := range tests {
 		if !errors.Is(tt.err, ErrOutOfRange) {
 			t.Errorf("%s: err = %v, want ErrOutOfRange", tt.name, tt.err)
 		}
 	}
-	if _, err := r.ReadAt(buf[:0], 8192); err != nil {
+	if _, err := r.ReadAt(context.Background(), buf[:0], 8192); err != nil {
 		t.Errorf("empty read at the end: %v", err)
 	}
 }
@@ -172,20 +173,20 @@ func TestRawReadOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.WriteAt([]byte{1}, 0, false); !errors.Is(err, ErrReadOnly) {
+	if _, err := r.WriteAt(context.Background(), []byte{1}, 0, 0); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("WriteAt: %v", err)
 	}
-	if err := r.WriteZeroes(0, 512, true, false); !errors.Is(err, ErrReadOnly) {
+	if err := r.WriteZeroes(context.Background(), 0, 512, 0); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("WriteZeroes: %v", err)
 	}
-	if err := r.Discard(0, 512); !errors.Is(err, ErrReadOnly) {
+	if err := r.Discard(context.Background(), 0, 512, 0); !errors.Is(err, ErrReadOnly) {
 		t.Errorf("Discard: %v", err)
 	}
-	if err := r.Flush(); err != nil {
+	if err := r.Flush(context.Background()); err != nil {
 		t.Errorf("Flush: %v", err)
 	}
 	buf := make([]byte, 4)
-	if _, err := r.ReadAt(buf, 0); err != nil || buf[0] != 0xa5 {
+	if _, err := r.ReadAt(context.Background(), buf, 0); err != nil || buf[0] != 0xa5 {
 		t.Errorf("ReadAt: %v %x", err, buf)
 	}
 	if err := r.Close(); err != nil {
@@ -204,13 +205,13 @@ func TestRawCloseTwice(t *testing.T) {
 	if err := r.Close(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("second Close: %v, want ErrClosed", err)
 	}
-	if _, err := r.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrClosed) {
+	if _, err := r.ReadAt(context.Background(), make([]byte, 1), 0); !errors.Is(err, ErrClosed) {
 		t.Errorf("ReadAt after Close: %v", err)
 	}
-	if err := r.Flush(); !errors.Is(err, ErrClosed) {
+	if err := r.Flush(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Errorf("Flush after Close: %v", err)
 	}
-	if _, err := r.Extent(0, 1); !errors.Is(err, ErrClosed) {
+	if _, err := FirstExtent(context.Background(), r, 0, 1); !errors.Is(err, ErrClosed) {
 		t.Errorf("Extent after Close: %v", err)
 	}
 }
@@ -240,13 +241,13 @@ func TestRawExtent(t *testing.T) {
 		t.Fatalf("extents\n got %v\nwant %v", got, want)
 	}
 	// Extent clamps to n.
-	if e, err := r.Extent(0, 4096); err != nil || e != (Extent{4096, hz, 1}) {
+	if e, err := FirstExtent(context.Background(), r, 0, 4096); err != nil || e != (Extent{4096, hz, 1}) {
 		t.Errorf("Extent(0, 4096) = %v, %v", e, err)
 	}
-	if e, err := r.Extent(520<<10, 4096); err != nil || e != (Extent{4096, StatusData, 1}) {
+	if e, err := FirstExtent(context.Background(), r, 520<<10, 4096); err != nil || e != (Extent{4096, StatusData, 1}) {
 		t.Errorf("Extent inside data = %v, %v", e, err)
 	}
-	if e, err := r.Extent(0, 0); err != nil || e.Length != 0 {
+	if e, err := FirstExtent(context.Background(), r, 0, 0); err != nil || e.Length != 0 {
 		t.Errorf("Extent(0, 0) = %v, %v", e, err)
 	}
 }
@@ -325,15 +326,15 @@ func TestRawWriteZeroes(t *testing.T) {
 			defer r.Close()
 			before := allocated(t, path)
 			if tt.discard {
-				err = r.Discard(1<<20, 2<<20)
+				err = r.Discard(context.Background(), 1<<20, 2<<20, 0)
 			} else {
-				err = r.WriteZeroes(1<<20, 2<<20, tt.mayUnmap, false)
+				err = r.WriteZeroes(context.Background(), 1<<20, 2<<20, ZeroFlags(tt.mayUnmap, false))
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			buf := make([]byte, size)
-			if _, err := r.ReadAt(buf, 0); err != nil {
+			if _, err := r.ReadAt(context.Background(), buf, 0); err != nil {
 				t.Fatal(err)
 			}
 			for i, b := range buf {
@@ -343,7 +344,7 @@ func TestRawWriteZeroes(t *testing.T) {
 				}
 			}
 			after := allocated(t, path)
-			e, err := r.Extent(1<<20, 2<<20)
+			e, err := FirstExtent(context.Background(), r, 1<<20, 2<<20)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -367,13 +368,13 @@ func TestRawNonOSFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e, err := r.Extent(0, r.Size()); err != nil || e != (Extent{64 << 10, StatusData, 1}) {
+	if e, err := FirstExtent(context.Background(), r, 0, r.Size()); err != nil || e != (Extent{64 << 10, StatusData, 1}) {
 		t.Fatalf("Extent = %v, %v", e, err)
 	}
-	if err := r.WriteZeroes(100, 3<<10, true, true); err != nil {
+	if err := r.WriteZeroes(context.Background(), 100, 3<<10, FUA); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Discard(10<<10, 5); err != nil {
+	if err := r.Discard(context.Background(), 10<<10, 5, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i, b := range m.b {
@@ -385,10 +386,10 @@ func TestRawNonOSFile(t *testing.T) {
 	if got := m.syncs.Load(); got != 1 {
 		t.Errorf("FUA WriteZeroes synced %d times, want 1", got)
 	}
-	if _, err := r.WriteAt([]byte{1}, 0, true); err != nil {
+	if _, err := r.WriteAt(context.Background(), []byte{1}, 0, FUA); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.WriteAt([]byte{1}, 1, false); err != nil {
+	if _, err := r.WriteAt(context.Background(), []byte{1}, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.syncs.Load(); got != 2 {
@@ -423,26 +424,26 @@ func TestRawConcurrent(t *testing.T) {
 			got := make([]byte, 4096)
 			for i := int64(0); i < span/4096; i++ {
 				off := base + i*4096
-				if _, err := r.WriteAt(p, off, i%16 == 0); err != nil {
+				if _, err := r.WriteAt(context.Background(), p, off, FUAIf(i%16 == 0)); err != nil {
 					t.Error(err)
 					return
 				}
-				if _, err := r.ReadAt(got, off); err != nil || !bytes.Equal(got, p) {
+				if _, err := r.ReadAt(context.Background(), got, off); err != nil || !bytes.Equal(got, p) {
 					t.Errorf("worker %d read back %v at %d", w, err, off)
 					return
 				}
 				if i%8 == 0 {
-					if err := r.WriteZeroes(off, 4096, i%16 == 0, false); err != nil {
+					if err := r.WriteZeroes(context.Background(), off, 4096, ZeroFlags(i%16 == 0, false)); err != nil {
 						t.Error(err)
 						return
 					}
 				}
-				if _, err := r.Extent(base, span); err != nil {
+				if _, err := FirstExtent(context.Background(), r, base, span); err != nil {
 					t.Error(err)
 					return
 				}
 			}
-			if err := r.Flush(); err != nil {
+			if err := r.Flush(context.Background()); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -451,7 +452,7 @@ func TestRawConcurrent(t *testing.T) {
 	done := make(chan error, workers)
 	for range workers {
 		go func() {
-			_, err := r.ReadAt(make([]byte, 512), 0)
+			_, err := r.ReadAt(context.Background(), make([]byte, 512), 0)
 			done <- err
 		}()
 	}
@@ -512,7 +513,7 @@ func TestRawCopyFrom(t *testing.T) {
 				return
 			}
 			got := make([]byte, tt.n)
-			if _, err := dst.ReadAt(got, tt.dstOff); err != nil {
+			if _, err := dst.ReadAt(context.Background(), got, tt.dstOff); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, data[tt.srcOff:tt.srcOff+tt.n]) {

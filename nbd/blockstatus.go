@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
@@ -24,7 +25,7 @@ type statusRun struct {
 // length, and with REQ_ONE there is exactly one per context.
 func (t *transmission) blockStatus(req request) {
 	start := time.Now()
-	runs, err := statusRuns(t.dev, int64(req.offset), int64(req.length), req.flags&cmdFlagReqOne != 0)
+	runs, err := statusRuns(t.ctx, t.dev, int64(req.offset), int64(req.length), req.flags&cmdFlagReqOne != 0)
 	if f := t.srv.cfg.BlockStatus; f != nil {
 		f(int64(req.length), time.Since(start), err)
 	}
@@ -66,43 +67,65 @@ func (t *transmission) blockStatus(req request) {
 	})
 }
 
-// statusRuns walks [off, off+n) with Device.Extent: at most
-// maxStatusExtents runs, one with reqOne. An error on the first lookup is
-// returned; a later one ends the walk early, which the spec allows. An
-// extent of no length (a device bug) reports the rest of the range as
-// data at depth 1, the status a server may always report.
-func statusRuns(dev block.Device, off, n int64, reqOne bool) ([]statusRun, error) {
+// statusRuns describes [off, off+n) with Device.Extents: at most
+// maxStatusExtents runs, one with reqOne. The range is asked for in
+// pieces of statusPiece bytes, so that one call's runs stay bounded
+// whatever the client asks; the walk stops once it has enough runs. An
+// error on the first piece is returned; a later one ends the walk early,
+// which the spec allows. An extent of no length (a device bug) reports
+// the rest of the range as data at depth 1, the status a server may
+// always report.
+func statusRuns(ctx context.Context, dev block.Device, off, n int64, reqOne bool) ([]statusRun, error) {
 	var runs []statusRun
+	var exts []block.Extent
 	cur, end := off, off+n
 	for cur < end && len(runs) < maxStatusExtents {
-		rest := end - cur
-		e, err := dev.Extent(cur, rest)
+		var err error
+		exts, err = dev.Extents(ctx, cur, min(end-cur, statusPiece), exts[:0])
 		if err != nil {
 			if len(runs) == 0 {
 				return nil, err
 			}
 			break
 		}
-		r := statusRun{depth: uint32(max(e.Depth, 0))}
-		l := min(e.Length, rest)
-		if l <= 0 {
-			l, r.depth = rest, 1
-		} else {
-			if e.Status&block.StatusHole != 0 {
-				r.flags |= stateHole
-			}
-			if e.Status&block.StatusZero != 0 {
-				r.flags |= stateZero
-			}
+		if len(exts) == 0 {
+			exts = append(exts, block.Extent{})
 		}
-		r.n = uint32(l)
-		runs = append(runs, r)
-		cur += l
-		if reqOne {
-			break
+		for _, e := range exts {
+			if cur >= end || len(runs) >= maxStatusExtents {
+				break
+			}
+			cur, runs = addStatusRun(runs, e, cur, end)
+			if reqOne {
+				return runs, nil
+			}
 		}
 	}
 	return runs, nil
+}
+
+// statusPiece is the most of the device one Extents call of BLOCK_STATUS
+// covers: 64 MiB, at most a few thousand runs in an image of 64 KiB
+// clusters.
+const statusPiece = 64 << 20
+
+// addStatusRun appends extent e, which starts at cur, and returns where
+// the next run starts.
+func addStatusRun(runs []statusRun, e block.Extent, cur, end int64) (int64, []statusRun) {
+	r := statusRun{depth: uint32(max(e.Depth, 0))}
+	l := min(e.Length, end-cur)
+	if l <= 0 {
+		l, r.depth = end-cur, 1
+	} else {
+		if e.Status&block.StatusHole != 0 {
+			r.flags |= stateHole
+		}
+		if e.Status&block.StatusZero != 0 {
+			r.flags |= stateZero
+		}
+	}
+	r.n = uint32(l)
+	return cur + l, append(runs, r)
 }
 
 // bitmapRuns walks [off, off+n) of a dirty bitmap as statusRuns walks

@@ -1,6 +1,7 @@
 package nbd
 
 import (
+	"context"
 	"sync"
 )
 
@@ -24,16 +25,41 @@ func (b *budget) init(maxReqs int, maxBytes int64) {
 	b.maxReqs, b.maxBytes = maxReqs, maxBytes
 }
 
-// acquire waits until one more request of n bytes fits. A request always
-// fits when nothing else is in service.
-func (b *budget) acquire(n int64) {
+// acquire waits until one more request of n bytes fits, or until ctx
+// ends (the connection is closing; its requests in service may never
+// release what it waits for). A request always fits when nothing else is
+// in service.
+func (b *budget) acquire(ctx context.Context, n int64) error {
 	b.mu.Lock()
-	for b.reqs >= b.maxReqs || (b.reqs > 0 && b.bytes+n > b.maxBytes) {
+	if b.fits(n) {
+		b.reqs++
+		b.bytes += n
+		b.mu.Unlock()
+		return nil
+	}
+	stop := context.AfterFunc(ctx, func() {
+		b.mu.Lock()
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	})
+	defer stop()
+	for !b.fits(n) {
+		if err := ctx.Err(); err != nil {
+			b.mu.Unlock()
+			return err
+		}
 		b.cond.Wait()
 	}
 	b.reqs++
 	b.bytes += n
 	b.mu.Unlock()
+	return nil
+}
+
+// fits reports whether a request of n bytes may start. Called with mu
+// held.
+func (b *budget) fits(n int64) bool {
+	return b.reqs < b.maxReqs && (b.reqs == 0 || b.bytes+n <= b.maxBytes)
 }
 
 // release gives back a request of n bytes. Every waiter is woken: waiters

@@ -166,7 +166,7 @@ func deviceMap(t *testing.T, dev block.Device, key func(block.Extent) status) []
 	t.Helper()
 	var out []status
 	for off := int64(0); off < dev.Size(); {
-		e, err := dev.Extent(off, dev.Size()-off)
+		e, err := block.FirstExtent(ctx, dev, off, dev.Size()-off)
 		if err != nil || e.Length <= 0 {
 			t.Fatalf("Extent(%d): %+v, %v", off, e, err)
 		}
@@ -418,7 +418,7 @@ func TestQemuIOMirror(t *testing.T) {
 					}
 				}
 			}
-			testutil.CompareDeviceWithRaw(t, dev, size, ref)
+			testutil.CompareDeviceWithRaw(t, block.ReaderAt(ctx, dev), size, ref)
 		})
 	}
 }
@@ -543,7 +543,7 @@ func TestFio(t *testing.T) {
 				t.Errorf("fio: error %d, wrote %d, verified %d bytes; want 0, at least %d, all", j.Error, j.Write.IOBytes, j.Read.IOBytes, 4*perJob)
 			}
 			if kind == "qcow2" {
-				if err := dev.Flush(); err != nil {
+				if err := dev.Flush(ctx); err != nil {
 					t.Fatal(err)
 				}
 				testutil.CheckImage(t, p)

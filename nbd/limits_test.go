@@ -101,7 +101,7 @@ func TestIdleTimeout(t *testing.T) {
 		if off == 4096 {
 			time.Sleep(3 * idle) // a slow request keeps the connection
 		}
-		return raw.ReadAt(p, off)
+		return raw.ReadAt(ctx, p, off)
 	}}
 	var log stateLog
 	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}, IdleTimeout: idle, ConnState: log.hook})

@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"time"
 
@@ -57,7 +58,7 @@ func (t *transmission) read(req request) {
 	if !t.structured {
 		buf := getBuf(n)
 		defer putBuf(buf)
-		if err := readFull(t.dev, buf, off); err != nil {
+		if err := readFull(t.ctx, t.dev, buf, off); err != nil {
 			t.readFailed(req, err)
 			return
 		}
@@ -82,7 +83,7 @@ func (t *transmission) read(req request) {
 		// extent lookups.
 		pieces = []piece{{off: off, n: int64(n)}}
 	} else {
-		pieces = mapHoles(t.dev, off, int64(n))
+		pieces = mapHoles(t.ctx, t.dev, off, int64(n))
 	}
 	buf := getBuf(n)
 	defer putBuf(buf)
@@ -90,7 +91,7 @@ func (t *transmission) read(req request) {
 		if p.hole {
 			continue
 		}
-		if err := readFull(t.dev, buf[p.off-off:p.off-off+p.n], p.off); err != nil {
+		if err := readFull(t.ctx, t.dev, buf[p.off-off:p.off-off+p.n], p.off); err != nil {
 			t.readFailed(req, err)
 			return
 		}
@@ -118,8 +119,8 @@ func (t *transmission) read(req request) {
 // readFull reads len(p) bytes at off. A short read without an error (a
 // device bug) is an EIO: pooled buffers hold other requests' bytes, which
 // must never reach a client.
-func readFull(dev block.Device, p []byte, off int64) error {
-	n, err := dev.ReadAt(p, off)
+func readFull(ctx context.Context, dev block.Device, p []byte, off int64) error {
+	n, err := dev.ReadAt(ctx, p, off)
 	if err == nil && n != len(p) {
 		err = io.ErrUnexpectedEOF
 	}
@@ -139,11 +140,12 @@ type piece struct {
 }
 
 // mapHoles splits [off, off+n) into data and hole pieces from the
-// device's extents (StatusZero makes a hole). Holes shorter than minHole
-// count as data; after maxReadExtents lookups, or on a lookup error or an
-// extent of no length, the rest is data. The pieces cover the range
-// exactly once, in order, and adjacent pieces differ in kind.
-func mapHoles(dev block.Device, off, n int64) []piece {
+// device's extents, found in one Extents call (StatusZero makes a hole).
+// Holes shorter than minHole count as data; past maxReadExtents runs, or
+// on a lookup error or runs that do not cover the range, the rest is
+// data. The pieces cover the range exactly once, in order, and adjacent
+// pieces differ in kind.
+func mapHoles(ctx context.Context, dev block.Device, off, n int64) []piece {
 	var runs []piece
 	add := func(p piece) {
 		if k := len(runs) - 1; k >= 0 && runs[k].hole == p.hole {
@@ -152,21 +154,23 @@ func mapHoles(dev block.Device, off, n int64) []piece {
 		}
 		runs = append(runs, p)
 	}
+	var buf [maxReadExtents]block.Extent
+	exts, err := dev.Extents(ctx, off, n, buf[:0])
+	if err != nil {
+		exts = nil
+	}
 	cur, end := off, off+n
-	for i := 0; cur < end; i++ {
+	for i, e := range exts {
 		rest := end - cur
-		if i == maxReadExtents {
-			add(piece{off: cur, n: rest})
-			break
-		}
-		e, err := dev.Extent(cur, rest)
-		if err != nil || e.Length <= 0 {
-			add(piece{off: cur, n: rest})
+		if i == maxReadExtents || e.Length <= 0 || rest <= 0 {
 			break
 		}
 		l := min(e.Length, rest)
 		add(piece{off: cur, n: l, hole: e.Status&block.StatusZero != 0})
 		cur += l
+	}
+	if cur < end {
+		add(piece{off: cur, n: end - cur})
 	}
 	// Short holes become data, merged with their neighbours.
 	out := runs[:0]

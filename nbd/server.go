@@ -39,15 +39,6 @@ type Export struct {
 	// connections. Leave it false for a Device whose caching is per
 	// connection. The default (false) makes clients use one connection.
 	MultiConn bool
-	// CanFastZero reports whether WriteZeroes of [off, off+n) with the
-	// given mayUnmap is certain to be faster than writing zeros, with no
-	// fallback to writing them. It answers NBD_CMD_FLAG_FAST_ZERO: true
-	// lets the request proceed, false fails it at once with ENOTSUP and
-	// leaves the export untouched. nil fails every FAST_ZERO request with
-	// ENOTSUP, which the spec allows (the flag is still advertised), and
-	// is the safe choice because block.Device has no way to forbid the
-	// slow fallback (block.Raw writes zeros when fallocate is missing).
-	CanFastZero func(off, n int64, mayUnmap bool) bool
 	// Bitmaps are dirty bitmaps offered as the metadata contexts
 	// "qemu:dirty-bitmap:NAME" (qemu-nbd -B), in this order.
 	Bitmaps []ExportBitmap

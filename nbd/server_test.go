@@ -24,41 +24,63 @@ type hookDevice struct {
 	extent  func(off, n int64) (block.Extent, error)
 	flush   func() error
 	discard func(off, n int64) error
+	// writeZeroes sees the request's flags.
+	writeZeroes func(off, n int64, f block.Flags) error
 }
 
-func (d *hookDevice) ReadAt(p []byte, off int64) (int, error) {
+func (d *hookDevice) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if d.readAt != nil {
 		return d.readAt(p, off)
 	}
-	return d.Device.ReadAt(p, off)
+	return d.Device.ReadAt(ctx, p, off)
 }
 
-func (d *hookDevice) WriteAt(p []byte, off int64, fua bool) (int, error) {
+func (d *hookDevice) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags) (int, error) {
 	if d.writeAt != nil {
-		return d.writeAt(p, off, fua)
+		return d.writeAt(p, off, f.Has(block.FUA))
 	}
-	return d.Device.WriteAt(p, off, fua)
+	return d.Device.WriteAt(ctx, p, off, f)
 }
 
-func (d *hookDevice) Extent(off, n int64) (block.Extent, error) {
-	if d.extent != nil {
-		return d.extent(off, n)
+func (d *hookDevice) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) error {
+	if d.writeZeroes != nil {
+		return d.writeZeroes(off, n, f)
 	}
-	return d.Device.Extent(off, n)
+	return d.Device.WriteZeroes(ctx, off, n, f)
 }
 
-func (d *hookDevice) Flush() error {
+// Extents asks the extent hook run by run; a run of no length (the
+// device bug the server must survive) ends the list there.
+func (d *hookDevice) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
+	if d.extent == nil {
+		return d.Device.Extents(ctx, off, n, dst)
+	}
+	for end := off + n; off < end; {
+		e, err := d.extent(off, end-off)
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, e)
+		if e.Length <= 0 {
+			return dst, nil
+		}
+		off += e.Length
+	}
+	return dst, nil
+}
+
+func (d *hookDevice) Flush(ctx context.Context) error {
 	if d.flush != nil {
 		return d.flush()
 	}
-	return d.Device.Flush()
+	return d.Device.Flush(ctx)
 }
 
-func (d *hookDevice) Discard(off, n int64) error {
+func (d *hookDevice) Discard(ctx context.Context, off, n int64, f block.Flags) error {
 	if d.discard != nil {
 		return d.discard(off, n)
 	}
-	return d.Device.Discard(off, n)
+	return d.Device.Discard(ctx, off, n, f)
 }
 
 // TestDeviceErrors: device failures reach the client as the spec's
@@ -76,7 +98,7 @@ func TestDeviceErrors(t *testing.T) {
 			if off == 4096 && len(p) == 100 {
 				return 50, nil // a short read without an error: a device bug
 			}
-			return raw.ReadAt(p, off)
+			return raw.ReadAt(ctx, p, off)
 		},
 		writeAt: func(p []byte, off int64, fua bool) (int, error) {
 			switch {
@@ -87,7 +109,7 @@ func TestDeviceErrors(t *testing.T) {
 			case off == 12288:
 				return 0, ENOMEM
 			}
-			return raw.WriteAt(p, off, fua)
+			return raw.WriteAt(ctx, p, off, block.FUAIf(fua))
 		},
 		extent: func(off, n int64) (block.Extent, error) {
 			switch {
@@ -195,7 +217,7 @@ func TestOutOfOrder(t *testing.T) {
 		if off == 0 {
 			<-release
 		}
-		return raw.ReadAt(p, off)
+		return raw.ReadAt(ctx, p, off)
 	}}
 	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}})
 	w := dialWire(t, "unix", sock)
@@ -222,7 +244,7 @@ func TestShutdownTimeout(t *testing.T) {
 	dev := &hookDevice{Device: raw, readAt: func(p []byte, off int64) (int, error) {
 		once.Do(func() { close(stuck) })
 		<-release
-		return raw.ReadAt(p, off)
+		return raw.ReadAt(ctx, p, off)
 	}}
 	s, err := New(Config{Exports: []Export{{Device: dev}}, Logger: testLogger(t)})
 	if err != nil {
@@ -307,14 +329,20 @@ func TestServeContext(t *testing.T) {
 	}
 }
 
-// TestFastZero: with a CanFastZero hook, FAST_ZERO requests it accepts
-// are served and the others fail with ENOTSUP, leaving the data alone.
+// TestFastZero: FAST_ZERO requests reach the device as NoFallback; those
+// it can serve are served and those it refuses with block.ErrNoFallback
+// fail with ENOTSUP, leaving the data alone.
 func TestFastZero(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
-	_, sock := startWire(t, Config{Exports: []Export{{Device: raw, CanFastZero: func(off, n int64, mayUnmap bool) bool {
-		return mayUnmap && off%65536 == 0 && n%65536 == 0
-	}}}})
+	dev := &hookDevice{Device: raw}
+	dev.writeZeroes = func(off, n int64, f block.Flags) error {
+		if f.Has(block.NoFallback) && (f.Has(block.NoUnmap) || off%65536 != 0 || n%65536 != 0) {
+			return block.ErrNoFallback
+		}
+		return raw.WriteZeroes(ctx, off, n, f)
+	}
+	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
 	data := pattern(11, 131072)

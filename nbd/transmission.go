@@ -2,6 +2,7 @@ package nbd
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -75,13 +76,20 @@ const (
 // budgets' mutexes are leaves; the reader takes budget before
 // srv.readMem.
 type transmission struct {
-	srv  *Server
-	exp  *Export
-	dev  block.Device
-	raw  net.Conn // the socket: closing it is the hard disconnect
-	conn net.Conn // raw or the TLS connection over it
-	r    *bufio.Reader
-	log  *slog.Logger
+	srv *Server
+	// ctx is passed to every device call of the connection. It is
+	// cancelled when the client goes away without NBD_CMD_DISC, and by
+	// the server's Close (which Shutdown calls once its grace period
+	// ends), so that a device call waiting on a lock, a replica or a
+	// network cannot keep the connection, or the server, from ending.
+	ctx    context.Context
+	cancel context.CancelFunc
+	exp    *Export
+	dev    block.Device
+	raw    net.Conn // the socket: closing it is the hard disconnect
+	conn   net.Conn // raw or the TLS connection over it
+	r      *bufio.Reader
+	log    *slog.Logger
 	// idle is Config.IdleTimeout; 0 means none.
 	idle time.Duration
 
@@ -144,10 +152,11 @@ func newTransmission(s *Server, raw net.Conn, n *negotiated, log *slog.Logger) *
 		structured: n.structured,
 		contexts:   n.contexts,
 	}
+	t.ctx, t.cancel = context.WithCancel(s.ctx)
 	t.budget.init(s.cfg.MaxInFlight, 2*int64(s.cfg.MaxPayload))
 	t.jobs = make(chan job)
 	t.done = make(chan struct{})
-	t.fast, _ = n.export.Device.(block.NoWaitReader)
+	t.fast, _ = block.As[block.NoWaitReader](n.export.Device)
 	return t
 }
 
@@ -156,11 +165,19 @@ func newTransmission(s *Server, raw net.Conn, n *negotiated, log *slog.Logger) *
 // it waits for the requests in service, flushes a dirty device and closes
 // the connection.
 func (t *transmission) serve() {
+	defer t.cancel()
 	reason, graceful := t.readLoop()
+	if reason != "disc" && reason != "shutdown" {
+		// The client is gone: nobody waits for the replies of the
+		// requests in service, which may end early.
+		t.cancel()
+	}
 	t.handlers.Wait()
 	close(t.done)
 	if t.dirty.Load() {
-		if err := t.dev.Flush(); err != nil {
+		// Under the server's context: the connection's may be
+		// cancelled, and Close must still be able to end this.
+		if err := t.dev.Flush(t.srv.ctx); err != nil {
 			t.log.Warn("flush on disconnect failed", "err", err)
 		}
 	}
@@ -278,11 +295,16 @@ func (t *transmission) readLoop() (reason string, graceful bool) {
 		if req.typ == cmdRead || req.typ == cmdWrite {
 			weight = int64(bufSize(int(req.length)))
 		}
-		t.budget.acquire(weight)
+		if err := t.budget.acquire(t.ctx, weight); err != nil {
+			return "closed while waiting for requests in service", false
+		}
 		shared := false
 		if req.typ == cmdRead {
 			if weight > readReserve || !t.reserved.CompareAndSwap(false, true) {
-				t.srv.readMem.acquire(weight)
+				if err := t.srv.readMem.acquire(t.ctx, weight); err != nil {
+					t.budget.release(weight)
+					return "closed while waiting for read buffers", false
+				}
 				shared = true
 			}
 		}
@@ -347,7 +369,7 @@ func (t *transmission) handle(req request, payload []byte, weight int64, shared 
 	if t.idle > 0 {
 		defer func() { t.lastDone.Store(time.Now().UnixNano()) }()
 	}
-	fua := req.flags&cmdFlagFUA != 0
+	flags := deviceFlags(req.flags)
 	off, n := int64(req.offset), int64(req.length)
 	var err error
 	switch req.typ {
@@ -363,32 +385,28 @@ func (t *transmission) handle(req request, payload []byte, weight int64, shared 
 		t.blockStatus(req)
 		return
 	case cmdWrite:
-		_, err = t.dev.WriteAt(payload, off, fua)
+		_, err = t.dev.WriteAt(t.ctx, payload, off, flags)
 		putBuf(payload)
 		t.wrote(err)
 	case cmdFlush:
 		t.dirty.Store(false)
-		if err = t.dev.Flush(); err != nil {
+		if err = t.dev.Flush(t.ctx); err != nil {
 			t.dirty.Store(true)
 		}
 	case cmdTrim:
-		err = t.dev.Discard(off, n)
+		err = t.dev.Discard(t.ctx, off, n, flags)
 		if isNotSupported(err) {
 			err = nil // TRIM is a hint
 		}
 		t.wrote(err)
-		if err == nil && fua {
-			err = t.dev.Flush()
-		}
 	case cmdCache:
 		// A hint with no effect here; success is allowed.
 	case cmdWriteZeroes:
-		mayUnmap := req.flags&cmdFlagNoHole == 0
-		if req.flags&cmdFlagFastZero != 0 && (t.exp.CanFastZero == nil || !t.exp.CanFastZero(off, n, mayUnmap)) {
+		err = t.dev.WriteZeroes(t.ctx, off, n, flags)
+		if errors.Is(err, block.ErrNoFallback) {
 			t.replyError(req, ENOTSUP, "fast zero not possible")
 			return
 		}
-		err = t.dev.WriteZeroes(off, n, mayUnmap, fua)
 		t.wrote(err)
 	}
 	if err != nil {
@@ -405,4 +423,21 @@ func (t *transmission) wrote(err error) {
 	if err == nil {
 		t.dirty.Store(true)
 	}
+}
+
+// deviceFlags maps a request's NBD command flags onto the device's, one
+// to one: FUA, NO_HOLE (NoUnmap) and FAST_ZERO (NoFallback). The others
+// (DF, REQ_ONE) shape the reply and do not reach the device.
+func deviceFlags(f cmdFlags) block.Flags {
+	var d block.Flags
+	if f&cmdFlagFUA != 0 {
+		d |= block.FUA
+	}
+	if f&cmdFlagNoHole != 0 {
+		d |= block.NoUnmap
+	}
+	if f&cmdFlagFastZero != 0 {
+		d |= block.NoFallback
+	}
+	return d
 }

@@ -96,7 +96,6 @@ func TestBadRequests(t *testing.T) {
 			{"req_one on read", cmdFlagReqOne, cmdRead, 0, 512, nil, EINVAL},
 			{"flush with offset", 0, cmdFlush, 512, 0, nil, EINVAL},
 			{"block status without contexts", 0, cmdBlockStatus, 0, 512, nil, EINVAL},
-			{"fast zero", cmdFlagFastZero, cmdWriteZeroes, 4096, 4096, nil, ENOTSUP},
 		}
 		if !structured {
 			cases = append(cases, badRequest{"df without structured replies", cmdFlagDF, cmdRead, 0, 512, nil, EINVAL})
@@ -614,7 +613,7 @@ func TestShutdownGraceful(t *testing.T) {
 		t.Errorf("Close after Shutdown: %v", err)
 	}
 	buf := make([]byte, 4096)
-	rw.ReadAt(buf, 0)
+	rw.ReadAt(ctx, buf, 0)
 	if !bytes.Equal(buf, pattern(7, 4096)) {
 		t.Errorf("write lost")
 	}

@@ -22,7 +22,7 @@ func runQemu(t *testing.T, name string, args ...string) string {
 func readAll(t *testing.T, img *Image) []byte {
 	t.Helper()
 	buf := make([]byte, img.Size())
-	if _, err := img.ReadAt(buf, 0); err != nil {
+	if _, err := img.ReadAt(ctx, buf, 0); err != nil {
 		t.Fatal(err)
 	}
 	return buf
@@ -34,7 +34,7 @@ func randomWrites(t *testing.T, img *Image, rng *rand.Rand, n int) {
 		off := rng.Int63n(img.Size())
 		p := make([]byte, rng.Int63n(min(256<<10, img.Size()-off))+1)
 		rng.Read(p)
-		if _, err := img.WriteAt(p, off, false); err != nil {
+		if _, err := img.WriteAt(ctx, p, off, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -59,7 +59,7 @@ func TestSnapshotCycle(t *testing.T) {
 					t.Fatal(err)
 				}
 				a := readAll(t, img)
-				if err := img.CreateSnapshot("", "ovis-a", 1700000000, 5); err != nil {
+				if err := img.CreateSnapshot(ctx, "", "ovis-a", 1700000000, 5); err != nil {
 					t.Fatal(err)
 				}
 				randomWrites(t, img, rng, 40)
@@ -78,7 +78,7 @@ func TestSnapshotCycle(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := img.ApplySnapshot("ovis-a"); err != nil {
+				if err := img.ApplySnapshot(ctx, "ovis-a"); err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(readAll(t, img), a) {
@@ -104,7 +104,7 @@ func TestSnapshotCycle(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, s := range []string{"ovis-a", "qemu-b"} {
-					if err := img.DeleteSnapshot(s); err != nil {
+					if err := img.DeleteSnapshot(ctx, s); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -141,7 +141,7 @@ func TestResize(t *testing.T) {
 	rng := rand.New(rand.NewSource(9))
 	randomWrites(t, img, rng, 30)
 	before := readAll(t, img)
-	if err := img.Resize(256<<20, false, PreallocOff); err != nil {
+	if err := img.Resize(ctx, 256<<20, false, PreallocOff); err != nil {
 		t.Fatal(err)
 	}
 	after := readAll(t, img)
@@ -150,7 +150,7 @@ func TestResize(t *testing.T) {
 	}
 	p2 := make([]byte, 1<<20)
 	rng.Read(p2)
-	if _, err := img.WriteAt(p2, 200<<20, false); err != nil {
+	if _, err := img.WriteAt(ctx, p2, 200<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := img.Close(); err != nil {
@@ -165,10 +165,10 @@ func TestResize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := img.Resize(32<<20, false, ""); err == nil {
+	if err := img.Resize(ctx, 32<<20, false, ""); err == nil {
 		t.Fatal("shrink without shrink=true succeeded")
 	}
-	if err := img.Resize(32<<20+512, true, ""); err != nil {
+	if err := img.Resize(ctx, 32<<20+512, true, ""); err != nil {
 		t.Fatal(err)
 	}
 	got := readAll(t, img)
@@ -188,7 +188,7 @@ func TestResize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := img.Resize(40<<20, false, PreallocMetadata); err != nil {
+	if err := img.Resize(ctx, 40<<20, false, PreallocMetadata); err != nil {
 		t.Fatal(err)
 	}
 	if err := img.Close(); err != nil {

@@ -54,9 +54,9 @@ func TestResizeSmallClusters(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				withTimeout(t, 2*time.Minute, func() error { return img.Resize(size, false, PreallocOff) })
+				withTimeout(t, 2*time.Minute, func() error { return img.Resize(ctx, size, false, PreallocOff) })
 				got := make([]byte, len(before))
-				if _, err := img.ReadAt(got, 0); err != nil {
+				if _, err := img.ReadAt(ctx, got, 0); err != nil {
 					t.Fatal(err)
 				}
 				if !bytes.Equal(got, before) {
@@ -92,7 +92,7 @@ func TestAllocRunLengths(t *testing.T) {
 			var leaked, end int64
 			for _, n := range []int64{1, per - 1, per, 3 * per, 1, 3*per + 1} {
 				withTimeout(t, time.Minute, func() error {
-					return img.exclusive(func() error {
+					return img.exclusive(ctx, func() error {
 						off, err := img.allocExclusiveLocked(n)
 						if err != nil {
 							return fmt.Errorf("allocating %d clusters: %w", n, err)

@@ -44,8 +44,8 @@ var ErrAmendBacking = errors.New("Cannot amend the backing file")
 // SetBacking rewrites the backing file name and format in the header (""
 // removes the backing file), as qemu-img rebase -u does. The open backing
 // device is not changed; reopen the image to use the new one.
-func (img *Image) SetBacking(name, format string) error {
-	return img.exclusive(func() error {
+func (img *Image) SetBacking(ctx context.Context, name, format string) error {
+	return img.exclusive(ctx, func() error {
 		if name != "" && img.dataFileRaw {
 			return fmt.Errorf("qcow2: an image with data_file_raw cannot have a backing file")
 		}
@@ -62,31 +62,16 @@ func (img *Image) SetBacking(name, format string) error {
 	})
 }
 
-// Amend changes image options in place, as qemu-img amend does, with
-// QEMU 7.2's checks, messages and order of steps: the options are checked
-// first, then the image is upgraded, its refcount width changed, the data
-// file options written, the backing file compared, lazy refcounts
-// switched, the image resized and, last, downgraded. A step that fails
-// leaves the earlier steps done, as in QEMU.
-//
-// Unlike QEMU, a downgrade never overwrites a preallocated zero cluster
-// that a snapshot shares: the active layer gets a new zeroed cluster.
-//
-// Amend has the image to itself: I/O waits until it is done.
-func (img *Image) Amend(o AmendOptions) error {
-	return img.AmendContext(context.Background(), o)
-}
-
-// AmendContext is Amend that stops between steps, and between L2 tables
+// Amend is Amend that stops between steps, and between L2 tables
 // of a downgrade, once ctx is done, returning ctx's error. What was done
 // stays done and consistent; Close flushes it. The refcount rewrite of a
 // width change is one step and is not interrupted.
-func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
+func (img *Image) Amend(ctx context.Context, o AmendOptions) error {
 	p := &amendProgress{report: o.Progress}
 	downgrade := false
 	var grewFrom int64 = -1
 	var zeroFrom int64 = -1 // grown over a longer backing file (resize.go)
-	err := img.exclusive(func() error {
+	err := img.exclusive(ctx, func() error {
 		if err := img.repairLocked(); err != nil {
 			return err
 		}
@@ -157,7 +142,7 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 		}
 	}
 	if zeroFrom >= 0 {
-		if err := img.zeroGrown(zeroFrom, img.size); err != nil {
+		if err := img.zeroGrown(ctx, zeroFrom, img.size); err != nil {
 			return fmt.Errorf("Failed to zero out the new area: %w", err)
 		}
 	}
@@ -165,7 +150,7 @@ func (img *Image) AmendContext(ctx context.Context, o AmendOptions) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return img.exclusive(func() error { return img.downgradeLocked(ctx, p) })
+		return img.exclusive(ctx, func() error { return img.downgradeLocked(ctx, p) })
 	}
 	return nil
 }

@@ -56,7 +56,7 @@ func TestAmend(t *testing.T) {
 				{AmendOptions{LazyRefcounts: ptr(false)}, "lazy refcounts: false"},
 			}
 			for _, st := range steps {
-				if err := img.Amend(st.o); err != nil {
+				if err := img.Amend(ctx, st.o); err != nil {
 					t.Fatalf("amend %+v: %v", st.o, err)
 				}
 				if !bytes.Equal(readAll(t, img), want) {
@@ -76,7 +76,7 @@ func TestAmend(t *testing.T) {
 					t.Fatalf("after amend %+v and reopen the contents differ", st.o)
 				}
 			}
-			if err := img.Amend(AmendOptions{RefcountBits: 8, Compat: "0.10"}); err == nil {
+			if err := img.Amend(ctx, AmendOptions{RefcountBits: 8, Compat: "0.10"}); err == nil {
 				t.Fatal("downgrade with 8-bit refcounts succeeded")
 			}
 			img.Close()
@@ -93,7 +93,7 @@ func TestSetBacking(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := img.SetBacking("b.raw", "raw"); err != nil {
+	if err := img.SetBacking(ctx, "b.raw", "raw"); err != nil {
 		t.Fatal(err)
 	}
 	img.Close()
@@ -165,7 +165,7 @@ func TestAmendDowngradeSnapshots(t *testing.T) {
 			}
 			want := readAll(t, img)
 			var calls [][2]int64
-			err = img.Amend(AmendOptions{Compat: "0.10", Progress: func(done, total int64) {
+			err = img.Amend(ctx, AmendOptions{Compat: "0.10", Progress: func(done, total int64) {
 				calls = append(calls, [2]int64{done, total})
 			}})
 			if cerr := img.Close(); err == nil {
@@ -217,7 +217,7 @@ func TestAmendRefcountNarrowing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = img.Amend(AmendOptions{RefcountBits: 1})
+	err = img.Amend(ctx, AmendOptions{RefcountBits: 1})
 	img.Close()
 	if err == nil || err.Error() != want {
 		t.Fatalf("amend refcount_bits=1: %v, want %q", err, want)
@@ -258,7 +258,7 @@ func TestAmendStepOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = img.Amend(tc.o)
+			err = img.Amend(ctx, tc.o)
 			img.Close()
 			if err == nil || err.Error() != tc.err {
 				t.Fatalf("amend: %v, want %q", err, tc.err)
@@ -289,7 +289,7 @@ func TestAmendShrinkWithSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := readAll(t, img)[:3<<20]
-	err = img.Amend(AmendOptions{Size: 3 << 20})
+	err = img.Amend(ctx, AmendOptions{Size: 3 << 20})
 	if cerr := img.Close(); err == nil {
 		err = cerr
 	}
@@ -339,7 +339,7 @@ func TestAmendUpgradeSnapshotTable(t *testing.T) {
 		t.Fatal("a version 2 snapshot records its disk size; the test needs one that does not")
 	}
 	var calls [][2]int64
-	err = img.Amend(AmendOptions{Compat: "1.1", Progress: func(done, total int64) {
+	err = img.Amend(ctx, AmendOptions{Compat: "1.1", Progress: func(done, total int64) {
 		calls = append(calls, [2]int64{done, total})
 	}})
 	if cerr := img.Close(); err == nil {

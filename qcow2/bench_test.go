@@ -25,7 +25,7 @@ func BenchmarkRandRead4K(b *testing.B) {
 		buf := make([]byte, 4096)
 		for pb.Next() {
 			off := rng.Int63n(size/4096) * 4096
-			if _, err := img.ReadAt(buf, off); err != nil {
+			if _, err := img.ReadAt(ctx, buf, off); err != nil {
 				b.Fatal(err)
 			}
 		}

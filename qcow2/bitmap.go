@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -572,8 +573,8 @@ func (img *Image) DefaultBitmapGranularity() int64 { return max(4096, img.cluste
 
 // AddBitmap adds an empty persistent bitmap, enabled unless disabled, as
 // qemu-img bitmap --add does. granularity 0 is the default.
-func (img *Image) AddBitmap(name string, granularity int64, disabled bool) error {
-	return img.exclusive(func() error {
+func (img *Image) AddBitmap(ctx context.Context, name string, granularity int64, disabled bool) error {
+	return img.exclusive(ctx, func() error {
 		if granularity == 0 {
 			granularity = img.DefaultBitmapGranularity()
 		}
@@ -607,8 +608,8 @@ func (img *Image) AddBitmap(name string, granularity int64, disabled bool) error
 }
 
 // RemoveBitmap removes a bitmap and frees its clusters.
-func (img *Image) RemoveBitmap(name string) error {
-	return img.exclusive(func() error {
+func (img *Image) RemoveBitmap(ctx context.Context, name string) error {
+	return img.exclusive(ctx, func() error {
 		b := img.findBitmap(name)
 		if b == nil {
 			return &BitmapError{ErrBitmapNotFound, name}
@@ -624,8 +625,8 @@ func (img *Image) RemoveBitmap(name string) error {
 }
 
 // ClearBitmap clears every bit of a bitmap.
-func (img *Image) ClearBitmap(name string) error {
-	return img.changeBitmap(name, func(b *bitmap) error {
+func (img *Image) ClearBitmap(ctx context.Context, name string) error {
+	return img.changeBitmap(ctx, name, func(b *bitmap) error {
 		b.bits = make([]byte, (bitCount(img.size, b.Granularity)+7)/8)
 		b.changed = true
 		return nil
@@ -633,8 +634,8 @@ func (img *Image) ClearBitmap(name string) error {
 }
 
 // SetBitmapEnabled enables (auto) or disables a bitmap.
-func (img *Image) SetBitmapEnabled(name string, on bool) error {
-	return img.changeBitmap(name, func(b *bitmap) error {
+func (img *Image) SetBitmapEnabled(ctx context.Context, name string, on bool) error {
+	return img.changeBitmap(ctx, name, func(b *bitmap) error {
 		b.Auto = on
 		if on {
 			b.flags |= bitmapFlagAuto
@@ -671,8 +672,8 @@ func (img *Image) BitmapBits(name string) (bitmap []byte, granularity int64, err
 // MergeBitmap sets in bitmap name every bit that covers a range set in
 // src, a bitmap of granularity srcGran over the same disk, as qemu-img
 // bitmap --merge does.
-func (img *Image) MergeBitmap(name string, src []byte, srcGran int64) error {
-	return img.changeBitmap(name, func(b *bitmap) error {
+func (img *Image) MergeBitmap(ctx context.Context, name string, src []byte, srcGran int64) error {
+	return img.changeBitmap(ctx, name, func(b *bitmap) error {
 		dst, err := img.readBits(b)
 		if err != nil {
 			return err
@@ -692,8 +693,8 @@ func (img *Image) MergeBitmap(name string, src []byte, srcGran int64) error {
 }
 
 // changeBitmap applies fn to bitmap name and stores the result.
-func (img *Image) changeBitmap(name string, fn func(*bitmap) error) error {
-	return img.exclusive(func() error {
+func (img *Image) changeBitmap(ctx context.Context, name string, fn func(*bitmap) error) error {
+	return img.exclusive(ctx, func() error {
 		b := img.findBitmap(name)
 		switch {
 		case b == nil:

@@ -64,9 +64,9 @@ func TestBitmapModel(t *testing.T) {
 				off := rapid.Int64Range(0, size-1).Draw(rt, "off")
 				n := rapid.Int64Range(1, min(size-off, 300<<10)).Draw(rt, "n")
 				if op == 2 {
-					err = img.WriteZeroes(off, n, true, false)
+					err = img.WriteZeroes(ctx, off, n, 0)
 				} else {
-					_, err = img.WriteAt(bytes.Repeat([]byte{byte(op + 1)}, int(n)), off, false)
+					_, err = img.WriteAt(ctx, bytes.Repeat([]byte{byte(op + 1)}, int(n)), off, 0)
 				}
 				if err != nil {
 					rt.Fatal(err)
@@ -80,7 +80,7 @@ func TestBitmapModel(t *testing.T) {
 				name := rapid.SampledFrom(names).Draw(rt, "name")
 				g := rapid.SampledFrom([]int64{0, 512, 4096, 1 << 20}).Draw(rt, "gran")
 				disabled := rapid.Bool().Draw(rt, "disabled")
-				err := img.AddBitmap(name, g, disabled)
+				err := img.AddBitmap(ctx, name, g, disabled)
 				if model[name] != nil {
 					if !errors.Is(err, ErrBitmapExists) {
 						rt.Fatalf("adding %s twice: %v", name, err)
@@ -100,12 +100,12 @@ func TestBitmapModel(t *testing.T) {
 				var err error
 				switch what {
 				case 0:
-					err = img.RemoveBitmap(name)
+					err = img.RemoveBitmap(ctx, name)
 				case 1:
-					err = img.ClearBitmap(name)
+					err = img.ClearBitmap(ctx, name)
 				case 2:
 					on := rapid.Bool().Draw(rt, "on")
-					err = img.SetBitmapEnabled(name, on)
+					err = img.SetBitmapEnabled(ctx, name, on)
 					if b := model[name]; b != nil {
 						b.auto = on
 					}
@@ -135,7 +135,7 @@ func TestBitmapModel(t *testing.T) {
 				if err != nil {
 					rt.Fatal(err)
 				}
-				if err := img.MergeBitmap(dst, bits, g); err != nil {
+				if err := img.MergeBitmap(ctx, dst, bits, g); err != nil {
 					rt.Fatal(err)
 				}
 				d := model[dst]

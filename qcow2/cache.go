@@ -2,6 +2,7 @@ package qcow2
 
 import (
 	"container/list"
+	"context"
 	"fmt"
 	"sync"
 
@@ -119,14 +120,17 @@ func (c *tableCache) peekLocked(off uint64) (*cacheEntry, error) {
 // load reads the table at off into the cache and returns it pinned, so
 // that it survives until the caller's retry; the caller unpins it. Called
 // with mu held; releases it during the read.
-func (c *tableCache) load(off uint64) (*cacheEntry, error) {
+func (c *tableCache) load(ctx context.Context, off uint64) (*cacheEntry, error) {
 	for {
 		e, ok := c.entries[off]
 		if ok && e.loading != nil {
 			ch := e.loading
 			c.mu.Unlock()
-			<-ch
+			err := waitFor(ctx, ch)
 			c.mu.Lock()
+			if err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if ok {

@@ -90,7 +90,7 @@ func TestCacheParallelMisses(t *testing.T) {
 	read := func(off int64) {
 		defer wg.Done()
 		buf := make([]byte, 4096)
-		if _, err := img.ReadAt(buf, off); err != nil {
+		if _, err := img.ReadAt(ctx, buf, off); err != nil {
 			t.Error(err)
 		}
 	}
@@ -119,7 +119,7 @@ func TestCacheParallelMisses(t *testing.T) {
 		go func(i int) {
 			defer wg.Done()
 			buf := make([]byte, 4096)
-			if _, err := img2.ReadAt(buf, 3<<29+int64(i)<<20); err != nil {
+			if _, err := img2.ReadAt(ctx, buf, 3<<29+int64(i)<<20); err != nil {
 				t.Error(err)
 			}
 		}(i)
@@ -159,7 +159,7 @@ func TestCacheBounded(t *testing.T) {
 					defer wg.Done()
 					buf := make([]byte, 512)
 					for off := int64(w) << 21; off < img.Size(); off += 8 << 21 {
-						if _, err := img.ReadAt(buf, off); err != nil {
+						if _, err := img.ReadAt(ctx, buf, off); err != nil {
 							t.Error(err)
 							return
 						}

@@ -9,27 +9,13 @@ import (
 // repair or rebuild, then COPIED) and updates the header's dirty and
 // corrupt bits after a repair.
 
-// Check verifies the image's metadata as qemu-img check does, and repairs
-// it with RepairLeaks or RepairAll (the image must be open read-write),
-// following QEMU's qcow2_check_refcounts: count, compare, then either
-// repair refcounts in place or (RepairAll, when a refcount block or a
-// refcount of 0 is wrong) rebuild the refcount structures in free
-// clusters, then check the COPIED flags. Like QEMU it does not check
-// again after repairing: the result's counters describe this pass, and
-// callers that want qemu-img's "Double checking" run Check(RepairNone).
-// Dirty cached metadata is flushed first. It returns ErrNeedRebuild when
-// RepairLeaks meets damage only a rebuild repairs.
-func (img *Image) Check(repair RepairMode) (*CheckResult, error) {
-	return img.CheckContext(context.Background(), repair)
-}
-
-// CheckContext is Check that stops once ctx is done, returning ctx's
+// Check is Check that stops once ctx is done, returning ctx's
 // error with the result so far. It stops only between repairs, each of
 // which leaves the image consistent: a refcount, an L2 table's COPIED
 // flags, a whole refcount rebuild or snapshot table rewrite. A stop
 // leaves what was not repaired yet as it was, and at worst leaks
 // clusters (the old structures of a rebuild not freed yet).
-func (img *Image) CheckContext(ctx context.Context, repair RepairMode) (*CheckResult, error) {
+func (img *Image) Check(ctx context.Context, repair RepairMode) (*CheckResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

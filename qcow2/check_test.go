@@ -115,7 +115,7 @@ func TestCheckAgainstQemu(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := img.Check(RepairNone)
+			got, err := img.Check(ctx, RepairNone)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestCheckAgainstQemu(t *testing.T) {
 			if want.Corruptions == 0 {
 				mode = RepairLeaks
 			}
-			fixed, err := img.Check(mode)
+			fixed, err := img.Check(ctx, mode)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +147,7 @@ func TestCheckAgainstQemu(t *testing.T) {
 			}
 			// Like QEMU, the repair pass does not check again: that is
 			// the caller's double check.
-			again, err := img.Check(RepairNone)
+			again, err := img.Check(ctx, RepairNone)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +157,7 @@ func TestCheckAgainstQemu(t *testing.T) {
 			// The repaired image stays in use: new clusters must come from
 			// the repaired refcounts (freed clusters may be reused).
 			w := bytes.Repeat([]byte{9}, 3<<16)
-			if _, err := img.WriteAt(w, 8<<20, false); err != nil {
+			if _, err := img.WriteAt(ctx, w, 8<<20, 0); err != nil {
 				t.Fatalf("write after repair: %v", err)
 			}
 			if err := img.Close(); err != nil {
@@ -192,7 +192,7 @@ func TestCheckRepairLeaksNeedsRebuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := img.Check(RepairLeaks)
+	res, err := img.Check(ctx, RepairLeaks)
 	if !errors.Is(err, ErrNeedRebuild) || !errors.Is(err, syscall.EIO) {
 		t.Fatalf("Check(RepairLeaks) = %v, want ErrNeedRebuild (EIO)", err)
 	}
@@ -288,7 +288,7 @@ func TestCheckContextStopsSafely(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, cerr := img.CheckContext(&countdownCtx{Context: context.Background(), n: n}, RepairAll)
+				_, cerr := img.Check(&countdownCtx{Context: context.Background(), n: n}, RepairAll)
 				if err := img.Close(); err != nil {
 					t.Fatalf("stop point %d: close: %v", n, err)
 				}
@@ -354,7 +354,7 @@ func TestCheckRebuildSparesOldBlocks(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := img.Check(RepairAll); err != nil {
+			if _, err := img.Check(ctx, RepairAll); err != nil {
 				t.Fatal(err)
 			}
 			if err := img.Close(); err != nil {

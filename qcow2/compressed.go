@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"fmt"
 )
 
@@ -9,7 +10,7 @@ import (
 // cluster size, or what remains of the disk for the last cluster. Data
 // that does not compress is written normally. Safe for concurrent use:
 // compression runs outside every lock.
-func (img *Image) WriteCompressed(p []byte, off int64) error {
+func (img *Image) WriteCompressed(ctx context.Context, p []byte, off int64) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := img.checkCompressed(p, off); err != nil {
@@ -27,7 +28,7 @@ func (img *Image) WriteCompressed(p []byte, off int64) error {
 	if !ok {
 		z = nil
 	}
-	return img.writePrecompressed(z, p, off)
+	return img.writePrecompressed(ctx, z, p, off)
 }
 
 // WritePrecompressed is WriteCompressed with the compression done by the
@@ -37,7 +38,7 @@ func (img *Image) WriteCompressed(p []byte, off int64) error {
 // not p's, or not of the image's compression type, makes the cluster
 // unreadable. The caller keeps z and p; they are not retained. Safe for
 // concurrent use.
-func (img *Image) WritePrecompressed(z, p []byte, off int64) error {
+func (img *Image) WritePrecompressed(ctx context.Context, z, p []byte, off int64) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := img.checkCompressed(p, off); err != nil {
@@ -46,7 +47,7 @@ func (img *Image) WritePrecompressed(z, p []byte, off int64) error {
 	if z != nil && (len(z) == 0 || int64(len(z)) >= img.clusterSize) {
 		return fmt.Errorf("qcow2: precompressed cluster at %#x: %d bytes is not smaller than a cluster of %d", off, len(z), img.clusterSize)
 	}
-	return img.writePrecompressed(z, p, off)
+	return img.writePrecompressed(ctx, z, p, off)
 }
 
 // checkCompressed checks the arguments of a compressed cluster write.
@@ -63,23 +64,23 @@ func (img *Image) checkCompressed(p []byte, off int64) error {
 // writePrecompressed stores the compressed form z of cluster p at off,
 // or p itself when z is nil: it packs z after the previous compressed
 // cluster, writes it, and only then sets the L2 entry that points at it.
-func (img *Image) writePrecompressed(z, p []byte, off int64) error {
+func (img *Image) writePrecompressed(ctx context.Context, z, p []byte, off int64) error {
 	if err := img.beginWrite(off, int64(len(p))); err != nil {
 		return err
 	}
 	if z == nil {
-		_, err := img.writeAt(p, off, false)
+		_, err := img.writeAt(ctx, p, off, false)
 		return err
 	}
 	c := off >> img.clusterBits
-	claimed, err := img.claim(c, func() (bool, error) { return false, nil })
+	claimed, err := img.claim(ctx, c, func() (bool, error) { return false, nil })
 	if err != nil || !claimed {
 		return err
 	}
 	defer img.release(c)
 	var at uint64
 	reserved := false
-	err = img.withMetadata(func() error {
+	err = img.withMetadata(ctx, func() error {
 		if _, _, err := img.writableL2Locked(c); err != nil {
 			return err
 		}
@@ -98,7 +99,7 @@ func (img *Image) writePrecompressed(z, p []byte, off int64) error {
 	if _, err := img.writeHost(img.file, z, int64(at)); err != nil {
 		return fmt.Errorf("qcow2: writing compressed cluster at %#x: %w", at, err)
 	}
-	err = img.withMetadata(func() error {
+	err = img.withMetadata(ctx, func() error {
 		return img.setEntryLocked(c, mapping{entry: img.compressedEntry(at, int64(len(z)))}, true)
 	})
 	if err != nil {

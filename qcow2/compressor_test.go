@@ -94,16 +94,16 @@ func TestCompressorWritePrecompressed(t *testing.T) {
 					if c%4 == 0 && c < nc-1 && res[c].ok { // the short last one is padded with zeros
 						t.Errorf("cluster %d: random data shrank", c)
 					}
-					if err := img.WritePrecompressed(res[c].z, q, c*cs); err != nil {
+					if err := img.WritePrecompressed(ctx, res[c].z, q, c*cs); err != nil {
 						t.Fatalf("WritePrecompressed(cluster %d): %v", c, err)
 					}
 				}
 			}
-			if err := img.WritePrecompressed(make([]byte, cs), model[:cs], 0); err == nil {
+			if err := img.WritePrecompressed(ctx, make([]byte, cs), model[:cs], 0); err == nil {
 				t.Error("WritePrecompressed took a compressed cluster as large as a cluster")
 			}
 			got := make([]byte, size)
-			if _, err := img.ReadAt(got, 0); err != nil {
+			if _, err := img.ReadAt(ctx, got, 0); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, model) {

@@ -253,7 +253,7 @@ func TestCrashConsistency(t *testing.T) {
 		{name: "compressed-zstd", create: CreateOptions{Size: 4 << 20, ClusterSize: 4096, CompressionType: "zstd"}, ops: 60},
 		{name: "snapshot-and-resize", create: CreateOptions{Size: 2 << 20, ClusterSize: 4096}, ops: 30,
 			extra: func(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *rand.Rand) {
-				if err := img.CreateSnapshot("", "s", 1, 2); err != nil {
+				if err := img.CreateSnapshot(ctx, "", "s", 1, 2); err != nil {
 					t.Fatal(err)
 				}
 				m.flushed(rf.syncs())
@@ -282,7 +282,7 @@ func crashRandomOp(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *ra
 	case k < 5:
 		crashWrite(t, img, m, rf, rng, off, n, 6)
 	case k < 6:
-		if err := img.WriteZeroes(off, n, rng.Intn(2) == 0, false); err != nil {
+		if err := img.WriteZeroes(ctx, off, n, block.ZeroFlags(rng.Intn(2) == 0, false)); err != nil {
 			t.Fatal(err)
 		}
 		m.write(off, make([]byte, n), false)
@@ -294,7 +294,7 @@ func crashRandomOp(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *ra
 		for i := range p {
 			p[i] = byte(rng.Intn(4))
 		}
-		if err := img.WriteCompressed(p, c); err != nil {
+		if err := img.WriteCompressed(ctx, p, c); err != nil {
 			t.Fatal(err)
 		}
 		m.write(c, p, false)
@@ -310,7 +310,7 @@ func crashWrite(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *rand.
 	p := make([]byte, n)
 	rng.Read(p)
 	fua := rng.Intn(fuaOneIn) == 0
-	if _, err := img.WriteAt(p, off, fua); err != nil {
+	if _, err := img.WriteAt(ctx, p, off, block.FUAIf(fua)); err != nil {
 		t.Fatal(err)
 	}
 	m.write(off, p, false)
@@ -322,14 +322,14 @@ func crashWrite(t *testing.T, img *Image, m *crashModel, rf *recFile, rng *rand.
 // crashDiscard discards n bytes at off and tells the model.
 func crashDiscard(t *testing.T, img *Image, m *crashModel, off, n int64) {
 	t.Helper()
-	if err := img.Discard(off, n); err != nil {
+	if err := img.Discard(ctx, off, n, 0); err != nil {
 		t.Fatal(err)
 	}
 	m.write(off, make([]byte, n), true)
 	// What discard made zero, the model must know as possibly zero
 	// or old: record the actual content as current.
 	got := make([]byte, n)
-	if _, err := img.ReadAt(got, off); err != nil {
+	if _, err := img.ReadAt(ctx, got, off); err != nil {
 		t.Fatal(err)
 	}
 	copy(m.cur[off:], got)
@@ -338,7 +338,7 @@ func crashDiscard(t *testing.T, img *Image, m *crashModel, off, n int64) {
 // crashFlush flushes the image and tells the model which syncs it made.
 func crashFlush(t *testing.T, img *Image, m *crashModel, rf *recFile) {
 	t.Helper()
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	m.flushed(rf.syncs())
@@ -462,7 +462,7 @@ func checkCrashState(t *testing.T, dir string, state []byte, got *[]byte, m *cra
 		return fmt.Errorf("open: %w", err)
 	}
 	defer img.Close()
-	res, err := img.Check(RepairNone)
+	res, err := img.Check(ctx, RepairNone)
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
 	}
@@ -473,7 +473,7 @@ func checkCrashState(t *testing.T, dir string, state []byte, got *[]byte, m *cra
 		*got = make([]byte, img.Size())
 	}
 	buf := (*got)[:img.Size()]
-	if _, err := img.ReadAt(buf, 0); err != nil {
+	if _, err := img.ReadAt(ctx, buf, 0); err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
 	if err := m.verify(buf, syncs); err != nil {

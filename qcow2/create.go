@@ -181,7 +181,7 @@ func writeLayout(f block.File, h *Header) error {
 // QEMU allocates them to hide it. An external data file is extended to
 // the new size instead. It stops between runs once ctx is done.
 func (img *Image) preallocate(ctx context.Context, mode string, from int64, zeroNew bool) error {
-	hostEnd, err := img.preallocOldEnd(mode, from, zeroNew)
+	hostEnd, err := img.preallocOldEnd(ctx, mode, from, zeroNew)
 	if err != nil {
 		return err
 	}
@@ -198,7 +198,7 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 		k := min(img.slEntries-c%img.slEntries, n-c)
 		var host uint64
 		done := false
-		err := img.withMetadata(func() error {
+		err := img.withMetadata(ctx, func() error {
 			e, idx, err := img.writableL2Locked(c)
 			if err != nil {
 				return err
@@ -231,7 +231,7 @@ func (img *Image) preallocate(ctx context.Context, mode string, from int64, zero
 			return err
 		}
 	}
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		return err
 	}
 	if tail := img.size & (img.subSize - 1); tail != 0 && len(runs) > 0 && ctx.Err() == nil && (mode == PreallocMetadata || img.hasDataFile) {

@@ -113,13 +113,13 @@ func TestDiscardPunchLikeQemuNBD(t *testing.T) {
 				t.Fatal(err)
 			}
 			img.SetPassDiscardRequest(true)
-			if err := img.Discard(0, 1<<20); err != nil {
+			if err := img.Discard(ctx, 0, 1<<20, 0); err != nil {
 				t.Fatal(err)
 			}
-			if err := img.WriteZeroes(1<<20, 512<<10, true, false); err != nil {
+			if err := img.WriteZeroes(ctx, 1<<20, 512<<10, 0); err != nil {
 				t.Fatal(err)
 			}
-			if err := img.Discard(3<<20, 64<<10); err != nil {
+			if err := img.Discard(ctx, 3<<20, 64<<10, 0); err != nil {
 				t.Fatal(err)
 			}
 			if err := img.Close(); err != nil {
@@ -155,7 +155,7 @@ func TestDiscardNoPunchByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := img.Discard(0, 2<<20); err != nil {
+	if err := img.Discard(ctx, 0, 2<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := img.Close(); err != nil {

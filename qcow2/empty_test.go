@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/ovis-storage/ovis/internal/testutil"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // TestMakeEmpty empties tops of every L2 layout, with a snapshot sharing
@@ -36,7 +38,7 @@ func TestMakeEmpty(t *testing.T) {
 				t.Fatal(err)
 			}
 			baseData := bytes.Repeat([]byte{0xb5}, 1<<20)
-			if _, err := b.WriteAt(baseData, 0, false); err != nil {
+			if _, err := b.WriteAt(ctx, baseData, 0, 0); err != nil {
 				t.Fatal(err)
 			}
 			b.Close()
@@ -52,27 +54,27 @@ func TestMakeEmpty(t *testing.T) {
 			writes := []int64{0, 512 << 10, 1 << 30, 2<<30 + 4096, size - 64<<10}
 			top1 := bytes.Repeat([]byte{0x71}, 64<<10)
 			for _, off := range writes {
-				if _, err := img.WriteAt(top1, off, false); err != nil {
+				if _, err := img.WriteAt(ctx, top1, off, 0); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := img.WriteCompressed(bytes.Repeat([]byte{0x33}, int(img.ClusterSize())), 5<<20); err != nil {
+			if err := img.WriteCompressed(ctx, bytes.Repeat([]byte{0x33}, int(img.ClusterSize())), 5<<20); err != nil {
 				t.Fatal(err)
 			}
-			if err := img.WriteZeroes(8<<20, 1<<20, false, false); err != nil {
+			if err := img.WriteZeroes(ctx, 8<<20, 1<<20, block.NoUnmap); err != nil {
 				t.Fatal(err)
 			}
-			if err := img.CreateSnapshot("", "s1", 0, 0); err != nil {
+			if err := img.CreateSnapshot(ctx, "", "s1", 0, 0); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := img.WriteAt(bytes.Repeat([]byte{0x72}, 4096), 1<<30, false); err != nil {
+			if _, err := img.WriteAt(ctx, bytes.Repeat([]byte{0x72}, 4096), 1<<30, 0); err != nil {
 				t.Fatal(err)
 			}
 			if err := img.MakeEmpty(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			for off := int64(0); off < size; {
-				e, err := img.MapAt(off, size-off)
+				e, err := img.MapAt(ctx, off, size-off)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -82,7 +84,7 @@ func TestMakeEmpty(t *testing.T) {
 				off += e.Length
 			}
 			got := make([]byte, 1<<20)
-			if _, err := img.ReadAt(got, 0); err != nil || !bytes.Equal(got, baseData) {
+			if _, err := img.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, baseData) {
 				t.Errorf("the top does not read as its backing file at 0 (err %v)", err)
 			}
 			if err := img.Close(); err != nil {
@@ -100,7 +102,7 @@ func TestMakeEmpty(t *testing.T) {
 			}
 			for _, off := range writes {
 				got := make([]byte, len(top1))
-				if _, err := snap.ReadAt(got, off); err != nil || !bytes.Equal(got, top1) {
+				if _, err := snap.ReadAt(ctx, got, off); err != nil || !bytes.Equal(got, top1) {
 					t.Errorf("snapshot s1 at %#x lost its data (err %v)", off, err)
 				}
 			}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // qemuCheck runs qemu-img check and fails on any error or leak.
@@ -92,25 +94,25 @@ func TestEngineSmoke(t *testing.T) {
 				case 0, 1:
 					p := make([]byte, n)
 					rng.Read(p)
-					if _, err := img.WriteAt(p, off, rng.Intn(10) == 0); err != nil {
+					if _, err := img.WriteAt(ctx, p, off, block.FUAIf(rng.Intn(10) == 0)); err != nil {
 						t.Fatalf("write %d@%d: %v", n, off, err)
 					}
 					copy(model[off:], p)
 				case 2:
-					if err := img.WriteZeroes(off, n, rng.Intn(2) == 0, false); err != nil {
+					if err := img.WriteZeroes(ctx, off, n, block.ZeroFlags(rng.Intn(2) == 0, false)); err != nil {
 						t.Fatalf("zero %d@%d: %v", n, off, err)
 					}
 					clear(model[off : off+n])
 				case 3:
 					if rng.Intn(5) == 0 {
-						if err := img.Flush(); err != nil {
+						if err := img.Flush(ctx); err != nil {
 							t.Fatal(err)
 						}
 					}
 				}
 			}
 			got := make([]byte, o.Size)
-			if _, err := img.ReadAt(got, 0); err != nil {
+			if _, err := img.ReadAt(ctx, got, 0); err != nil {
 				t.Fatal(err)
 			}
 			if i := firstDiff(got, model); i >= 0 {
@@ -162,11 +164,11 @@ func TestLazyRefcountsDirtyRebuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := bytes.Repeat([]byte{0xa5}, 1<<20)
-	if _, err := img.WriteAt(p, 8<<20, false); err != nil {
+	if _, err := img.WriteAt(ctx, p, 8<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Crash ourselves: drop the image without Close.
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	img.closeFiles()
@@ -177,7 +179,7 @@ func TestLazyRefcountsDirtyRebuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := img.WriteAt(p[:4096], 20<<20, false); err != nil {
+	if _, err := img.WriteAt(ctx, p[:4096], 20<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, 1<<20)
@@ -185,7 +187,7 @@ func TestLazyRefcountsDirtyRebuild(t *testing.T) {
 		off  int64
 		want byte
 	}{{0, 0x5a}, {2 << 20, 0x5a}, {8 << 20, 0xa5}} {
-		if _, err := img.ReadAt(got, c.off); err != nil {
+		if _, err := img.ReadAt(ctx, got, c.off); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, bytes.Repeat([]byte{c.want}, len(got))) {

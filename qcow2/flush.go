@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -30,7 +31,7 @@ import (
 //     needed: a durable drop is only ever newer than a durable L2 change).
 //
 // A crash at any point leaves at most leaked clusters.
-func (img *Image) Flush() error {
+func (img *Image) Flush(context.Context) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	return img.flush()
@@ -107,7 +108,7 @@ func (img *Image) flushLocked() error {
 		}
 	}
 	i := 0
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(context.Background(), func() error {
 		for ; i < len(frees); i++ {
 			if err := img.addRefLocked(int64(frees[i]>>img.clusterBits), -1); err != nil {
 				return err
@@ -168,7 +169,7 @@ func (img *Image) punchFreedClusters(frees []uint64, punch map[uint64]struct{}) 
 		}
 	}
 	var runs []uint64
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(context.Background(), func() error {
 		runs = runs[:0]
 		for off, n := range count {
 			rc, err := img.refcountLocked(int64(off >> img.clusterBits))

@@ -57,11 +57,11 @@ func FuzzImage(f *testing.F) {
 		read := int64(0)
 		for off := int64(0); off < size && read < fuzzReadLimit; off += step {
 			n := min(int64(len(buf)), size-off)
-			img.ReadAt(buf[:n], off)
+			img.ReadAt(ctx, buf[:n], off)
 			read += n
 		}
 		for off, i := int64(0), 0; off < size && i < 256; i++ {
-			m, err := img.MapAt(off, size-off)
+			m, err := img.MapAt(ctx, off, size-off)
 			if err != nil || m.Length <= 0 {
 				break
 			}
@@ -77,7 +77,7 @@ func FuzzImage(f *testing.F) {
 				off += n
 			}
 		}
-		img.Check(RepairNone)
+		img.Check(ctx, RepairNone)
 	})
 }
 

@@ -1,7 +1,9 @@
 package qcow2
 
 import (
+	"context"
 	"errors"
+	"fmt"
 )
 
 // This file holds the exclusive gate: exclusive drains every user of the
@@ -11,12 +13,15 @@ import (
 // else can run.
 
 // exclusive runs fn with no I/O in flight, the metadata flushed, and
-// flushMu and mu held.
-func (img *Image) exclusive(fn func() error) error {
+// flushMu and mu held. It gives up with ctx's error if ctx ends while it
+// waits for the I/O in flight to drain.
+func (img *Image) exclusive(ctx context.Context, fn func() error) error {
 	if img.ro {
 		return errReadOnly
 	}
-	img.gate.Lock()
+	if err := img.lockGate(ctx); err != nil {
+		return err
+	}
 	defer img.gate.Unlock()
 	if err := img.checkOpen(); err != nil {
 		return err
@@ -45,7 +50,9 @@ func (img *Image) retryExclusiveLocked(fn func() error) error {
 	for {
 		err := fn()
 		if nl, ok := isNeedLoad(err); ok {
-			e, err := nl.c.load(nl.off)
+			// Nothing else runs inside exclusive, so no load is in
+			// flight to wait for: the context has nothing to cut short.
+			e, err := nl.c.load(context.Background(), nl.off)
 			if err != nil {
 				return err
 			}
@@ -60,5 +67,52 @@ func (img *Image) retryExclusiveLocked(fn func() error) error {
 			continue
 		}
 		return err
+	}
+}
+
+// lockGate takes the gate exclusively, waiting for the I/O in flight to
+// drain, or returns ctx's error if ctx ends first. sync.RWMutex cannot
+// give up a Lock, so a cancelled wait leaves a goroutine that takes the
+// gate when the drain ends and releases it at once; it lives no longer
+// than the I/O in flight.
+func (img *Image) lockGate(ctx context.Context) error {
+	if img.gate.TryLock() {
+		return nil
+	}
+	if ctx.Done() == nil {
+		img.gate.Lock()
+		return nil
+	}
+	got := make(chan struct{})
+	go func() {
+		img.gate.Lock()
+		close(got)
+	}()
+	select {
+	case <-got:
+		return nil
+	case <-ctx.Done():
+		go func() {
+			<-got
+			img.gate.Unlock()
+		}()
+		return fmt.Errorf("qcow2: waiting for I/O in flight to drain: %w", ctx.Err())
+	}
+}
+
+// waitFor waits until ch is closed, or returns ctx's error if ctx ends
+// first: a claim, a table load or a drain that a cancelled request no
+// longer needs.
+func waitFor(ctx context.Context, ch <-chan struct{}) error {
+	select {
+	case <-ch:
+		return nil
+	default:
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("qcow2: %w", ctx.Err())
 	}
 }

@@ -37,7 +37,7 @@ func TestReadNoWait(t *testing.T) {
 		}
 		return p
 	}
-	if _, err := b.WriteAt(fill(1, 1<<20), 2<<20, false); err != nil {
+	if _, err := b.WriteAt(ctx, fill(1, 1<<20), 2<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
@@ -49,13 +49,13 @@ func TestReadNoWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer img.Close()
-	if _, err := img.WriteAt(fill(7, 256<<10), 0, false); err != nil {
+	if _, err := img.WriteAt(ctx, fill(7, 256<<10), 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := img.WriteZeroes(1<<20, 128<<10, false, false); err != nil {
+	if err := img.WriteZeroes(ctx, 1<<20, 128<<10, block.NoUnmap); err != nil {
 		t.Fatal(err)
 	}
-	if err := img.WriteCompressed(fill(9, 64<<10), 4<<20); err != nil {
+	if err := img.WriteCompressed(ctx, fill(9, 64<<10), 4<<20); err != nil {
 		t.Fatal(err)
 	}
 
@@ -72,7 +72,7 @@ func TestReadNoWait(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			want := make([]byte, c.n)
-			if _, err := img.ReadAt(want, c.off); err != nil {
+			if _, err := img.ReadAt(ctx, want, c.off); err != nil {
 				t.Fatal(err)
 			}
 			got := make([]byte, c.n)
@@ -92,7 +92,7 @@ func TestReadNoWait(t *testing.T) {
 		off := r.Int64N(size - 1)
 		n := 1 + r.Int64N(min(size-off, 200<<10))
 		want := make([]byte, n)
-		if _, err := img.ReadAt(want, off); err != nil {
+		if _, err := img.ReadAt(ctx, want, off); err != nil {
 			t.Fatal(err)
 		}
 		got := make([]byte, n)
@@ -146,7 +146,7 @@ func TestHostHoleRunGoesStale(t *testing.T) {
 				for i := range p {
 					p[i] = value(c)
 				}
-				if _, err := img.WriteAt(p, c*cs, false); err != nil {
+				if _, err := img.WriteAt(ctx, p, c*cs, 0); err != nil {
 					errs <- err
 					return
 				}
@@ -165,7 +165,7 @@ func TestHostHoleRunGoesStale(t *testing.T) {
 				how := "ReadNoWait"
 				if !img.ReadNoWait(p, off) {
 					how = "ReadAt"
-					if _, err := img.ReadAt(p, off); err != nil {
+					if _, err := img.ReadAt(ctx, p, off); err != nil {
 						errs <- err
 						return
 					}
@@ -187,7 +187,7 @@ func TestHostHoleRunGoesStale(t *testing.T) {
 		how := "final ReadNoWait"
 		if !img.ReadNoWait(p, c*cs) {
 			how = "final ReadAt"
-			if _, err := img.ReadAt(p, c*cs); err != nil {
+			if _, err := img.ReadAt(ctx, p, c*cs); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -220,7 +220,7 @@ func TestHostRunsRemembered(t *testing.T) {
 		t.Helper()
 		for _, c := range rng.Perm(size / cs) {
 			off := int64(c) * cs
-			e, err := img.Extent(off, cs)
+			e, err := block.FirstExtent(ctx, img, off, cs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -238,7 +238,7 @@ func TestHostRunsRemembered(t *testing.T) {
 	if again := img.hostLookups.Load() - first; again != 0 {
 		t.Fatalf("a second sweep made %d lseeks (the first %d)", again, first)
 	}
-	if _, err := img.WriteAt(bytes.Repeat([]byte{1}, cs), 5*cs, false); err != nil {
+	if _, err := img.WriteAt(ctx, bytes.Repeat([]byte{1}, cs), 5*cs, 0); err != nil {
 		t.Fatal(err)
 	}
 	before := img.hostLookups.Load()

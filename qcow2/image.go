@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -533,10 +534,10 @@ func (img *Image) Close() error {
 	if img.bm.tracking.Load() {
 		// The tracked bitmaps are stored, and their in-use flag
 		// cleared, before the final flush.
-		first = img.exclusive(img.storeOnCloseLocked)
+		first = img.exclusive(context.Background(), img.storeOnCloseLocked)
 	}
 	if !img.ro && first == nil {
-		first = img.Flush()
+		first = img.Flush(context.Background())
 		if first == nil {
 			first = img.markClean()
 		}

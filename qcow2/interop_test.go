@@ -416,8 +416,8 @@ func verifyWithQemu(t *testing.T, path string) {
 	if got := img.Size(); got != size {
 		t.Errorf("Size() = %d, qemu-img info says %d", got, size)
 	}
-	testutil.CompareDeviceWithRaw(t, img, size, raw)
-	if _, err := img.ReadAt(make([]byte, 2), size-1); !errors.Is(err, block.ErrOutOfRange) {
+	testutil.CompareDeviceWithRaw(t, block.ReaderAt(ctx, img), size, raw)
+	if _, err := img.ReadAt(ctx, make([]byte, 2), size-1); !errors.Is(err, block.ErrOutOfRange) {
 		t.Errorf("ReadAt across the end: %v, want ErrOutOfRange", err)
 	}
 	if err := img.Close(); err != nil {
@@ -432,7 +432,7 @@ func verifyWithQemu(t *testing.T, path string) {
 	defer small.Close()
 	// Every read of a compressed 2 MiB cluster inflates all of it: fewer
 	// reads for big clusters keep the race detector's run short.
-	randomReads(t, small, raw, size, cs, 4, int(max(12, min(100, 100*65536/cs))))
+	randomReads(t, block.ReaderAt(ctx, small), raw, size, cs, 4, int(max(12, min(100, 100*65536/cs))))
 }
 
 // randomReads compares reads of random offsets and lengths (up to three
@@ -522,7 +522,7 @@ func compareExtents(t *testing.T, path string) {
 	size := img.Size()
 	var got []extSeg
 	for off := int64(0); off < size; {
-		x, err := img.Extent(off, size-off)
+		x, err := block.FirstExtent(ctx, img, off, size-off)
 		if err != nil {
 			t.Fatalf("Extent(%d, %d): %v", off, size-off, err)
 		}
@@ -616,5 +616,5 @@ func TestInteropRelativeBacking(t *testing.T) {
 	if gotAbs != base {
 		t.Errorf("BackingPath() = %q (%s), want %s", img.BackingPath(), gotAbs, base)
 	}
-	testutil.CompareDeviceWithRaw(t, img, 2<<20, raw)
+	testutil.CompareDeviceWithRaw(t, block.ReaderAt(ctx, img), 2<<20, raw)
 }

@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"sync"
@@ -26,7 +27,7 @@ type mapClass struct {
 // only in an image QEMU finds metadata-preallocated
 // (metadataPreallocLocked); elsewhere QEMU does not ask the host file,
 // and a cluster's unwritten tail is data.
-func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
+func (img *Image) MapAt(ctx context.Context, off, n int64) (block.MapExtent, error) {
 	if err := block.CheckRange(off, n, img.Size()); err != nil {
 		return block.MapExtent{}, err
 	}
@@ -36,7 +37,7 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 	var first mapClass
 	var length int64
 	var prealloc bool
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(ctx, func() error {
 		length = 0
 		var err error
 		if prealloc, err = img.metadataPreallocLocked(); err != nil {
@@ -127,7 +128,7 @@ func (img *Image) MapAt(off, n int64) (block.MapExtent, error) {
 		if !ok {
 			return block.MapExtent{}, fmt.Errorf("qcow2: backing file of %s cannot be mapped", img.path)
 		}
-		m, err := bm.MapAt(off, min(length, bs-off))
+		m, err := bm.MapAt(ctx, off, min(length, bs-off))
 		if err != nil {
 			return block.MapExtent{}, err
 		}

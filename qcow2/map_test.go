@@ -25,7 +25,7 @@ func mapAll(t *testing.T, d block.Mapper, size int64) []qemuMapEntry {
 	t.Helper()
 	var out []qemuMapEntry
 	for off := int64(0); off < size; {
-		m, err := d.MapAt(off, size-off)
+		m, err := d.MapAt(ctx, off, size-off)
 		if err != nil {
 			t.Fatal(err)
 		}

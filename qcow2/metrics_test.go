@@ -23,7 +23,7 @@ func TestCollector(t *testing.T) {
 	// 8 tables, twice each, through a cache of 4: 16 misses.
 	for r := 0; r < 2; r++ {
 		for i := int64(0); i < 8; i++ {
-			if _, err := img.ReadAt(buf, i<<21); err != nil {
+			if _, err := img.ReadAt(ctx, buf, i<<21); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -447,14 +447,14 @@ func mdlMakeBacking(t *rapid.T, c mdlConfig, dir string) (string, []byte) {
 			off := rapid.Int64Range(0, bs-1).Draw(t, "base_off")
 			n := rapid.Int64Range(1, min(bs-off, 256<<10)).Draw(t, "base_len")
 			if rapid.IntRange(0, 3).Draw(t, "base_kind") == 0 {
-				if err := img.WriteZeroes(off, n, true, false); err != nil {
+				if err := img.WriteZeroes(ctx, off, n, 0); err != nil {
 					t.Fatalf("base zero: %v", err)
 				}
 				clear(content[off : off+n])
 				continue
 			}
 			p := mdlFill(rapid.IntRange(0, mdlFills-1).Draw(t, "base_fill"), rapid.Uint64().Draw(t, "base_seed"), n)
-			if _, err := img.WriteAt(p, off, false); err != nil {
+			if _, err := img.WriteAt(ctx, p, off, 0); err != nil {
 				t.Fatalf("base write: %v", err)
 			}
 			copy(content[off:], p)
@@ -611,7 +611,7 @@ func (s *mdlState) durable() {
 func (s *mdlState) verify(what string, off, n int64) {
 	s.t.Helper()
 	got := make([]byte, n)
-	if k, err := s.img.ReadAt(got, off); err != nil || k != len(got) {
+	if k, err := s.img.ReadAt(ctx, got, off); err != nil || k != len(got) {
 		s.fatalf("%s: ReadAt(%d, %d): n=%d err=%v", what, off, n, k, err)
 	}
 	if d := mdlDiff(got, s.model.disk[off:off+n], off, s.cfg.ClusterSize); d != "" {
@@ -666,7 +666,7 @@ func (s *mdlState) reopen(readOnly bool) {
 		}
 		s.img = img
 		s.verify("read-only", 0, s.cfg.Size)
-		if _, err := img.WriteAt([]byte{1}, 0, false); !errors.Is(err, block.ErrReadOnly) {
+		if _, err := img.WriteAt(ctx, []byte{1}, 0, 0); !errors.Is(err, block.ErrReadOnly) {
 			s.fatalf("WriteAt on a read-only image: %v, want ErrReadOnly", err)
 		}
 		err = img.Close()
@@ -685,7 +685,7 @@ func (s *mdlState) reopen(readOnly bool) {
 func (s *mdlState) crash(flush bool) {
 	s.t.Helper()
 	if flush {
-		if err := s.img.Flush(); err != nil {
+		if err := s.img.Flush(ctx); err != nil {
 			s.fatalf("Flush: %v", err)
 		}
 		s.durable()
@@ -704,7 +704,7 @@ func (s *mdlState) crash(flush bool) {
 	s.open()
 	size, cs := s.cfg.Size, s.cfg.ClusterSize
 	got := make([]byte, size)
-	if _, err := s.img.ReadAt(got, 0); err != nil {
+	if _, err := s.img.ReadAt(ctx, got, 0); err != nil {
 		s.fatalf("after crash: ReadAt: %v", err)
 	}
 	for i := int64(0); i < size; i++ {
@@ -775,19 +775,19 @@ func (s *mdlState) edge() {
 	case 0:
 		s.op("edge WriteAt(off=%d, len=%d)", off, n)
 		var k int
-		k, err = s.img.WriteAt(bytes.Repeat([]byte{0xee}, int(n)), off, false)
+		k, err = s.img.WriteAt(ctx, bytes.Repeat([]byte{0xee}, int(n)), off, 0)
 		if n > 0 && k != 0 {
 			s.fatalf("WriteAt(%d, %d) beyond the end wrote %d bytes", off, n, k)
 		}
 	case 1:
 		s.op("edge WriteZeroes(off=%d, n=%d)", off, n)
-		err = s.img.WriteZeroes(off, n, rapid.Bool().Draw(t, "edge_unmap"), false)
+		err = s.img.WriteZeroes(ctx, off, n, block.ZeroFlags(rapid.Bool().Draw(t, "edge_unmap"), false))
 	case 2:
 		s.op("edge Discard(off=%d, n=%d)", off, n)
-		err = s.img.Discard(off, n)
+		err = s.img.Discard(ctx, off, n, 0)
 	case 3:
 		s.op("edge ReadAt(off=%d, len=%d)", off, n)
-		_, err = s.img.ReadAt(make([]byte, n), off)
+		_, err = s.img.ReadAt(ctx, make([]byte, n), off)
 	}
 	if !errors.Is(err, want) {
 		s.fatalf("request %d at %d..%d (size %d): err=%v, want %v", kind, off, off+n, size, err, want)
@@ -864,7 +864,7 @@ func TestModel(t *testing.T) {
 				p := mdlFill(fill, rapid.Uint64().Draw(rt, "seed"), n)
 				fua := rapid.IntRange(0, 4).Draw(rt, "fua") == 0
 				s.op("WriteAt(off=%d, len=%d, fill=%d, fua=%v)", off, n, fill, fua)
-				if k, err := s.img.WriteAt(p, off, fua); err != nil || k != len(p) {
+				if k, err := s.img.WriteAt(ctx, p, off, block.FUAIf(fua)); err != nil || k != len(p) {
 					s.fatalf("WriteAt(%d, %d): n=%d err=%v", off, n, k, err)
 				}
 				s.model.write(p, off)
@@ -875,7 +875,7 @@ func TestModel(t *testing.T) {
 				unmap := rapid.Bool().Draw(rt, "mayUnmap")
 				fua := rapid.IntRange(0, 4).Draw(rt, "fua") == 0
 				s.op("WriteZeroes(off=%d, n=%d, mayUnmap=%v, fua=%v)", off, n, unmap, fua)
-				if err := s.img.WriteZeroes(off, n, unmap, fua); err != nil {
+				if err := s.img.WriteZeroes(ctx, off, n, block.ZeroFlags(unmap, fua)); err != nil {
 					s.fatalf("WriteZeroes(%d, %d): %v", off, n, err)
 				}
 				s.model.zero(off, n)
@@ -884,7 +884,7 @@ func TestModel(t *testing.T) {
 			case "discard":
 				off, n := mdlDrawRange(rt, "d", size, cs)
 				s.op("Discard(off=%d, n=%d)", off, n)
-				if err := s.img.Discard(off, n); err != nil {
+				if err := s.img.Discard(ctx, off, n, 0); err != nil {
 					s.fatalf("Discard(%d, %d): %v", off, n, err)
 				}
 				s.model.discard(off, n)
@@ -908,7 +908,7 @@ func TestModel(t *testing.T) {
 					fill := rapid.IntRange(0, mdlFills-1).Draw(rt, "cfill")
 					p := mdlFill(fill, rapid.Uint64().Draw(rt, "cseed"), n)
 					s.op("WriteCompressed(off=%d, len=%d, fill=%d)", off, n, fill)
-					if err := s.img.WriteCompressed(p, off); err != nil {
+					if err := s.img.WriteCompressed(ctx, p, off); err != nil {
 						s.fatalf("WriteCompressed(%d, %d): %v", off, n, err)
 					}
 					s.model.write(p, off)
@@ -917,7 +917,7 @@ func TestModel(t *testing.T) {
 				}
 			case "flush":
 				s.op("Flush()")
-				if err := s.img.Flush(); err != nil {
+				if err := s.img.Flush(ctx); err != nil {
 					s.fatalf("Flush: %v", err)
 				}
 				s.durable()
@@ -926,7 +926,7 @@ func TestModel(t *testing.T) {
 				s.op("ReadAt(off=%d, len=%d)", off, n)
 				s.verify("read", off, n)
 				// A range reported as zero must read as zeros.
-				e, err := s.img.Extent(off, n)
+				e, err := block.FirstExtent(ctx, s.img, off, n)
 				if err != nil {
 					s.fatalf("Extent(%d, %d): %v", off, n, err)
 				}
@@ -1008,7 +1008,7 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 	lo, hi := lay.own[g]*cs, min(lay.own[g+1]*cs, lay.size)
 	check := func(what string, off, n int64) error {
 		got := make([]byte, n)
-		if _, err := img.ReadAt(got, off); err != nil {
+		if _, err := img.ReadAt(ctx, got, off); err != nil {
 			return fmt.Errorf("worker %d: %s: ReadAt(%d, %d): %v", g, what, off, n, err)
 		}
 		if d := mdlDiff(got, cm.slice(off, n), off, cs); d != "" {
@@ -1058,16 +1058,16 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 			p := mdlFill(r.Intn(mdlFills), r.Uint64(), k)
 			fua := r.Intn(8) == 0
 			what = fmt.Sprintf("WriteAt(%d, %d, fua=%v)", off, k, fua)
-			_, err = img.WriteAt(p, off, fua)
+			_, err = img.WriteAt(ctx, p, off, block.FUAIf(fua))
 			cm.do(func(m *mdlModel) { m.write(p, off) })
 		case op < 7:
 			unmap := r.Intn(2) == 0
 			what = fmt.Sprintf("WriteZeroes(%d, %d, mayUnmap=%v)", off, k, unmap)
-			err = img.WriteZeroes(off, k, unmap, false)
+			err = img.WriteZeroes(ctx, off, k, block.ZeroFlags(unmap, false))
 			cm.do(func(m *mdlModel) { m.zero(off, k) })
 		case op < 8:
 			what = fmt.Sprintf("Discard(%d, %d)", off, k)
-			err = img.Discard(off, k)
+			err = img.Discard(ctx, off, k, 0)
 			cm.do(func(m *mdlModel) { m.discard(off, k) })
 		default:
 			if shared || cfg.DataFile {
@@ -1077,7 +1077,7 @@ func mdlWorker(img *Image, cfg mdlConfig, lay *mdlLayout, cm *mdlConcurrentModel
 			k = min(cs, lay.size-off)
 			p := mdlFill(r.Intn(mdlFills), r.Uint64(), k)
 			what = fmt.Sprintf("WriteCompressed(%d, %d)", off, k)
-			err = img.WriteCompressed(p, off)
+			err = img.WriteCompressed(ctx, p, off)
 			cm.do(func(m *mdlModel) { m.write(p, off) })
 		}
 		if err != nil {
@@ -1162,7 +1162,7 @@ func TestModelConcurrent(t *testing.T) {
 		if lay.frozen > 0 {
 			n := min(lay.frozen*cs, size)
 			p := mdlFill(0, rapid.Uint64().Draw(rt, "frozen_seed"), n)
-			if _, err := img.WriteAt(p, 0, false); err != nil {
+			if _, err := img.WriteAt(ctx, p, 0, 0); err != nil {
 				fail("frozen write: %v", err)
 			}
 			cm.m.write(p, 0)
@@ -1205,7 +1205,7 @@ func TestModelConcurrent(t *testing.T) {
 						off := r.Int63n(frozenN)
 						n := r.Int63n(frozenN-off) + 1
 						got := make([]byte, n)
-						if _, err := img.ReadAt(got, off); err != nil {
+						if _, err := img.ReadAt(ctx, got, off); err != nil {
 							addErr(fmt.Errorf("reader: ReadAt(%d, %d): %v", off, n, err))
 							return
 						}
@@ -1217,11 +1217,11 @@ func TestModelConcurrent(t *testing.T) {
 					}
 					off := r.Int63n(size)
 					n := r.Int63n(min(size-off, 4*cs)) + 1
-					if _, err := img.ReadAt(make([]byte, n), off); err != nil {
+					if _, err := img.ReadAt(ctx, make([]byte, n), off); err != nil {
 						addErr(fmt.Errorf("reader: ReadAt(%d, %d): %v", off, n, err))
 						return
 					}
-					if _, err := img.Extent(off, n); err != nil {
+					if _, err := block.FirstExtent(ctx, img, off, n); err != nil {
 						addErr(fmt.Errorf("reader: Extent(%d, %d): %v", off, n, err))
 						return
 					}
@@ -1238,7 +1238,7 @@ func TestModelConcurrent(t *testing.T) {
 					return
 				case <-time.After(time.Millisecond):
 				}
-				if err := img.Flush(); err != nil {
+				if err := img.Flush(ctx); err != nil {
 					addErr(fmt.Errorf("flusher: %v", err))
 					return
 				}
@@ -1254,7 +1254,7 @@ func TestModelConcurrent(t *testing.T) {
 		verify := func(what string) {
 			rt.Helper()
 			got := make([]byte, size)
-			if _, err := img.ReadAt(got, 0); err != nil {
+			if _, err := img.ReadAt(ctx, got, 0); err != nil {
 				fail("%s: ReadAt: %v", what, err)
 			}
 			if d := mdlDiff(got, cm.m.disk, 0, cs); d != "" {
@@ -1331,7 +1331,7 @@ func TestReproCompressedRefcountBits1(t *testing.T) {
 		}
 		p := bytes.Repeat([]byte{'a'}, int(cs))
 		for c := int64(0); c < 2; c++ {
-			if err := img.WriteCompressed(p, c*cs); err != nil {
+			if err := img.WriteCompressed(ctx, p, c*cs); err != nil {
 				t.Errorf("cluster_size=%d refcount_bits=1: WriteCompressed(cluster %d): %v", cs, c, err)
 			}
 		}
@@ -1434,26 +1434,26 @@ func TestReproReadRacesClusterReuse(t *testing.T) {
 	loop(func(i int) error { // rewrites cluster 0, freeing its old host cluster
 		p := bytes.Repeat([]byte{byte(i%200 + 1)}, cs)
 		if i%2 == 0 {
-			return img.WriteCompressed(p, 0)
+			return img.WriteCompressed(ctx, p, 0)
 		}
-		if err := img.Discard(0, cs); err != nil {
+		if err := img.Discard(ctx, 0, cs, 0); err != nil {
 			return err
 		}
-		_, err := img.WriteAt(p, 0, false)
+		_, err := img.WriteAt(ctx, p, 0, 0)
 		return err
 	})
 	loop(func(i int) error { // allocates and frees clusters 1..7
 		c := int64(i%7 + 1)
-		if err := img.Discard(c*cs, cs); err != nil {
+		if err := img.Discard(ctx, c*cs, cs, 0); err != nil {
 			return err
 		}
-		_, err := img.WriteAt(bytes.Repeat([]byte{0xee}, cs), c*cs, false)
+		_, err := img.WriteAt(ctx, bytes.Repeat([]byte{0xee}, cs), c*cs, 0)
 		return err
 	})
-	loop(func(int) error { return img.Flush() })
+	loop(func(int) error { return img.Flush(ctx) })
 	loop(func(int) error { // reads cluster 0
 		p := make([]byte, cs)
-		if _, err := img.ReadAt(p, 0); err != nil {
+		if _, err := img.ReadAt(ctx, p, 0); err != nil {
 			return fmt.Errorf("ReadAt(cluster 0): %w", err)
 		}
 		if i := bytes.IndexByte(p, 0xee); i >= 0 {
@@ -1563,7 +1563,7 @@ func TestReproExtL2SubclusterLostWrite(t *testing.T) {
 	defer img.Close()
 	// Subcluster 0 becomes data. Writer B owns bytes [0, 1024), writer A
 	// owns [1024, 2*sub).
-	if _, err := img.WriteAt(make([]byte, sub), 0, false); err != nil {
+	if _, err := img.WriteAt(ctx, make([]byte, sub), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -1577,11 +1577,11 @@ func TestReproExtL2SubclusterLostWrite(t *testing.T) {
 				return
 			default:
 			}
-			if err := img.WriteZeroes(sub, sub, true, false); err != nil {
+			if err := img.WriteZeroes(ctx, sub, sub, 0); err != nil {
 				t.Error(err)
 				return
 			}
-			if _, err := img.WriteAt(bytes.Repeat([]byte{0xaa}, 2*sub-1024), 1024, false); err != nil {
+			if _, err := img.WriteAt(ctx, bytes.Repeat([]byte{0xaa}, 2*sub-1024), 1024, 0); err != nil {
 				t.Error(err)
 				return
 			}
@@ -1591,12 +1591,12 @@ func TestReproExtL2SubclusterLostWrite(t *testing.T) {
 	deadline := time.Now().Add(time.Second)
 	for i := 0; time.Now().Before(deadline) && lost == nil; i++ {
 		p := bytes.Repeat([]byte{byte(i%250 + 1)}, 1024)
-		if _, err := img.WriteAt(p, 0, false); err != nil {
+		if _, err := img.WriteAt(ctx, p, 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(6 * time.Millisecond) // let a concurrent write-back land
 		got := make([]byte, 1024)
-		if _, err := img.ReadAt(got, 0); err != nil {
+		if _, err := img.ReadAt(ctx, got, 0); err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, p) {

@@ -89,7 +89,7 @@ func TestOverlapAllocationLikeQemu(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, werr := img.WriteAt(make([]byte, 64<<10), 1<<20, false)
+			_, werr := img.WriteAt(ctx, make([]byte, 64<<10), 1<<20, 0)
 			var ev *CorruptionEvent
 			if !errors.As(werr, &ev) || !errors.Is(werr, syscall.EIO) {
 				t.Fatalf("write: %v, want a corruption event (EIO)", werr)
@@ -98,7 +98,7 @@ func TestOverlapAllocationLikeQemu(t *testing.T) {
 				t.Errorf("message:\n got %s\nwant %s", got, want)
 			}
 			// QEMU makes the node unusable; so does ovis.
-			if _, err := img.WriteAt(make([]byte, 512), 0, false); err == nil {
+			if _, err := img.WriteAt(ctx, make([]byte, 512), 0, 0); err == nil {
 				t.Error("a second write after the corruption event succeeded")
 			}
 			if err := img.Close(); err != nil {

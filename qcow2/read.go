@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/ovis-storage/ovis/block"
@@ -75,7 +76,7 @@ func (img *Image) mapRangeLocked(off, n int64, segs []segment) ([]segment, error
 
 // withMetadata runs fn under mu, loading tables it asks for (by returning a
 // *needLoad error) and retrying until it succeeds or fails otherwise.
-func (img *Image) withMetadata(fn func() error) error {
+func (img *Image) withMetadata(ctx context.Context, fn func() error) error {
 	img.mu.Lock()
 	defer img.mu.Unlock()
 	var pins pinSet
@@ -100,7 +101,7 @@ func (img *Image) withMetadata(fn func() error) error {
 		if !ok {
 			return err
 		}
-		e, err := nl.c.load(nl.off)
+		e, err := nl.c.load(ctx, nl.off)
 		if err != nil {
 			return err
 		}
@@ -109,7 +110,7 @@ func (img *Image) withMetadata(fn func() error) error {
 }
 
 // ReadAt reads len(p) bytes at guest offset off.
-func (img *Image) ReadAt(p []byte, off int64) (int, error) {
+func (img *Image) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := block.CheckRange(off, int64(len(p)), img.size); err != nil {
@@ -119,7 +120,7 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	var segs []segment
 	for done < len(p) {
 		var epoch uint64
-		err := img.withMetadata(func() error {
+		err := img.withMetadata(ctx, func() error {
 			var err error
 			segs, err = img.mapRangeLocked(off+int64(done), int64(len(p)-done), segs[:0])
 			if err == nil {
@@ -131,7 +132,7 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 			return done, err
 		}
 		for _, s := range segs {
-			if err = img.readSegment(p[done:done+int(s.n)], off+int64(done), s); err != nil {
+			if err = img.readSegment(ctx, p[done:done+int(s.n)], off+int64(done), s); err != nil {
 				break
 			}
 			done += int(s.n)
@@ -144,12 +145,12 @@ func (img *Image) ReadAt(p []byte, off int64) (int, error) {
 	return done, nil
 }
 
-func (img *Image) readSegment(p []byte, guest int64, s segment) error {
+func (img *Image) readSegment(ctx context.Context, p []byte, guest int64, s segment) error {
 	switch s.kind {
 	case kindZero:
 		clear(p)
 	case kindUnalloc:
-		return img.readBacking(p, guest)
+		return img.readBacking(ctx, p, guest)
 	case kindData:
 		if err := block.ReadFull(img.data, p, int64(s.host)); err != nil {
 			return fmt.Errorf("qcow2: reading data at host offset %#x: %w", s.host, err)
@@ -166,7 +167,7 @@ func (img *Image) readSegment(p []byte, guest int64, s segment) error {
 
 // readBacking reads guest range p@off from the backing file; whatever lies
 // past the backing file's end reads as zeros.
-func (img *Image) readBacking(p []byte, off int64) error {
+func (img *Image) readBacking(ctx context.Context, p []byte, off int64) error {
 	if img.backing == nil {
 		clear(p)
 		return nil
@@ -181,7 +182,7 @@ func (img *Image) readBacking(p []byte, off int64) error {
 		clear(p[bs-off:])
 		p = p[:bs-off]
 	}
-	if _, err := img.backing.ReadAt(p, off); err != nil {
+	if _, err := img.backing.ReadAt(ctx, p, off); err != nil {
 		return fmt.Errorf("qcow2: reading backing file at %#x: %w", off, err)
 	}
 	return nil
@@ -212,74 +213,99 @@ func (img *Image) readCompressed(entry uint64) ([]byte, error) {
 	return dst, nil
 }
 
-// Extent reports the status of the run starting at off, at most n bytes.
-func (img *Image) Extent(off, n int64) (block.Extent, error) {
+// Extents reports the runs of equal status in [off, off+n): this
+// image's clusters, and the backing chain's runs beneath unallocated
+// ones. It maps the range in passes of at most maxSegments segments, so
+// that mu is never held for long.
+func (img *Image) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := block.CheckRange(off, n, img.size); err != nil {
-		return block.Extent{}, err
-	}
-	if n == 0 {
-		return block.Extent{}, nil
+		return dst, err
 	}
 	var segs []segment
-	var prealloc bool
-	err := img.withMetadata(func() error {
-		var err error
-		if prealloc, err = img.metadataPreallocLocked(); err != nil {
+	for n > 0 {
+		var prealloc bool
+		err := img.withMetadata(ctx, func() error {
+			var err error
+			if prealloc, err = img.metadataPreallocLocked(); err != nil {
+				return err
+			}
+			segs, err = img.mapRangeLocked(off, n, segs[:0])
 			return err
+		})
+		if err != nil {
+			return dst, err
 		}
-		segs, err = img.mapRangeLocked(off, n, segs[:0])
-		return err
-	})
-	if err != nil {
-		return block.Extent{}, err
-	}
-	first := segs[0].kind
-	var length int64
-	for _, s := range segs {
-		if classOf(s.kind) != classOf(first) {
-			break
+		for _, s := range segs {
+			if dst, err = img.appendSegment(ctx, dst, off, s, prealloc); err != nil {
+				return dst, err
+			}
+			off += s.n
+			n -= s.n
 		}
-		length += s.n
 	}
-	switch first {
+	return dst, nil
+}
+
+// appendSegment appends the runs of segment s, which maps guest offset
+// off.
+func (img *Image) appendSegment(ctx context.Context, dst []block.Extent, off int64, s segment, prealloc bool) ([]block.Extent, error) {
+	switch s.kind {
 	case kindData:
-		if img.hasDataFile {
+		if img.hasDataFile || !prealloc {
 			// QEMU reports an external data file's clusters as data
-			// whatever the file holds; so does ovis, for qemu-img map.
-			return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+			// whatever the file holds; so does ovis, for qemu-img
+			// map. Elsewhere QEMU asks the host file only in a
+			// metadata-preallocated image (see MapAt).
+			return block.AppendExtent(dst, block.Extent{Length: s.n, Status: block.StatusData, Depth: 1}), nil
 		}
-		if !prealloc {
-			// QEMU asks the host file only in a metadata-preallocated
-			// image (see MapAt).
-			return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+		for done := int64(0); done < s.n; {
+			// Mapped, so allocated here; where the host file holds no
+			// bytes the run reads as zeros, as QEMU reports them
+			// (zero, not a hole).
+			hole, l := img.hostHole(int64(s.host)+done, s.n-done)
+			if l <= 0 {
+				l = s.n - done
+			}
+			st := block.StatusData
+			if hole {
+				st = block.StatusZero
+			}
+			dst = block.AppendExtent(dst, block.Extent{Length: l, Status: st, Depth: 1})
+			done += l
 		}
-		if hole, l := img.hostHole(int64(segs[0].host), segs[0].n); hole {
-			// Mapped, so allocated here, but the host file holds no
-			// bytes: zeros, as QEMU reports them (zero, not a hole).
-			return block.Extent{Length: l, Status: block.StatusZero, Depth: 1}, nil
-		} else if l < segs[0].n {
-			length = l
-		}
-		return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+		return dst, nil
 	case kindCompressed:
-		return block.Extent{Length: length, Status: block.StatusData, Depth: 1}, nil
+		return block.AppendExtent(dst, block.Extent{Length: s.n, Status: block.StatusData, Depth: 1}), nil
 	case kindZero:
-		return block.Extent{Length: length, Status: block.StatusZero | block.StatusHole, Depth: 1}, nil
+		return block.AppendExtent(dst, block.Extent{Length: s.n, Status: block.StatusZero | block.StatusHole, Depth: 1}), nil
 	}
-	// Unallocated here: ask the backing file.
-	if img.backing == nil || off >= img.backing.Size() {
-		return block.Extent{Length: length, Status: block.StatusZero | block.StatusHole}, nil
+	// Unallocated here: ask the backing file, for the part it covers.
+	var bsize int64
+	if img.backing != nil {
+		bsize = img.backing.Size()
 	}
-	be, err := img.backing.Extent(off, min(length, img.backing.Size()-off))
-	if err != nil {
-		return block.Extent{}, err
+	n := s.n
+	if off < bsize {
+		k := min(n, bsize-off)
+		runs, err := img.backing.Extents(ctx, off, k, nil)
+		if err != nil {
+			return dst, err
+		}
+		for _, r := range runs {
+			if r.Depth > 0 {
+				r.Depth++
+			}
+			dst = block.AppendExtent(dst, r)
+		}
+		off += k
+		n -= k
 	}
-	if be.Depth > 0 {
-		be.Depth++
+	if n > 0 {
+		dst = block.AppendExtent(dst, block.Extent{Length: n, Status: block.StatusZero | block.StatusHole})
 	}
-	return be, nil
+	return dst, nil
 }
 
 func classOf(k subKind) subKind {

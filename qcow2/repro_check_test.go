@@ -44,7 +44,7 @@ func TestCheckRefcountSaturates(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := img.Check(RepairAll)
+			res, err := img.Check(ctx, RepairAll)
 			if cerr := img.Close(); err == nil {
 				err = cerr
 			}
@@ -106,9 +106,9 @@ func TestSnapshotFailureChangesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.apply {
-				err = img.ApplySnapshot("a")
+				err = img.ApplySnapshot(ctx, "a")
 			} else {
-				err = img.CreateSnapshot("", "s", 1, 2)
+				err = img.CreateSnapshot(ctx, "", "s", 1, 2)
 			}
 			if !errors.Is(err, tc.errno) {
 				t.Errorf("got %v, want %v", err, tc.errno)
@@ -149,7 +149,7 @@ func TestCheckRefblockFarPastEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := img.Check(RepairAll)
+	res, err := img.Check(ctx, RepairAll)
 	if cerr := img.Close(); err == nil {
 		err = cerr
 	}

@@ -12,20 +12,11 @@ import (
 	"github.com/ovis-storage/ovis/block"
 )
 
-// Resize changes the virtual size, as qemu-img resize does. Growing may
-// grow the L1 table; prealloc (off, metadata, falloc, full) applies to the
-// new range. Shrinking needs shrink and drops everything past the new end
-// from the active layer; internal snapshots keep their own size and data.
-// Version 2 images with snapshots cannot be resized, as in QEMU.
-func (img *Image) Resize(size int64, shrink bool, prealloc string) error {
-	return img.ResizeContext(context.Background(), size, shrink, prealloc)
-}
-
 // errZeroNewClusters is QEMU's refusal to grow a version 2 image over a
 // longer backing file: it cannot mark the new clusters as zeros.
 var errZeroNewClusters = errors.New("Failed to zero out new clusters: Operation not supported")
 
-// ResizeContext is Resize whose preallocation stops between runs of
+// Resize is Resize whose preallocation stops between runs of
 // clusters once ctx is done, returning ctx's error: what it mapped stays
 // mapped and consistent, and Close flushes it.
 //
@@ -35,7 +26,7 @@ var errZeroNewClusters = errors.New("Failed to zero out new clusters: Operation 
 // the old end, so the cluster holding an unaligned old end is allocated
 // too; an image whose raw data file mirrors it gets its new range mapped
 // onto that file.
-func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, prealloc string) error {
+func (img *Image) Resize(ctx context.Context, size int64, shrink bool, prealloc string) error {
 	if size%512 != 0 || size < 0 {
 		return fmt.Errorf("qcow2: the new size %d must be a non-negative multiple of 512", size)
 	}
@@ -44,7 +35,7 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 	}
 	old := img.size
 	zeroNew := false
-	err := img.exclusive(func() error {
+	err := img.exclusive(ctx, func() error {
 		if len(img.snapshots) > 0 && !img.v3 {
 			// Version 2 snapshot entries carry no disk size.
 			return errors.New("Can't resize a v2 image which has snapshots")
@@ -118,11 +109,11 @@ func (img *Image) ResizeContext(ctx context.Context, size int64, shrink bool, pr
 		}
 	}
 	if zeroNew && (img.zeroStepNeeded(prealloc) || stopped != nil) {
-		if err := img.zeroGrown(old, size); err != nil {
+		if err := img.zeroGrown(ctx, old, size); err != nil {
 			return fmt.Errorf("Failed to zero out the new area: %w", err)
 		}
 	}
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		return err
 	}
 	return stopped
@@ -149,11 +140,11 @@ func alignUp(n, a int64) int64 { return (n + a - 1) / a * a }
 // old end get the zero flag (keeping any host cluster, as without
 // BDRV_REQ_MAY_UNMAP), the rest of the subcluster holding the old end is
 // written with zeros.
-func (img *Image) zeroGrown(old, size int64) error {
+func (img *Image) zeroGrown(ctx context.Context, old, size int64) error {
 	if !img.v3 {
 		// No zero flag: reached when the range lies within the old end's
 		// cluster (QEMU refuses more) or falloc or full stopped early.
-		return img.WriteZeroes(old, size-old, false, false)
+		return img.WriteZeroes(ctx, old, size-old, block.NoUnmap)
 	}
 	// As a write would, but leaving dirty bitmaps alone: QEMU zeroes
 	// below the layer that records writes.
@@ -167,7 +158,7 @@ func (img *Image) zeroGrown(old, size int64) error {
 	}
 	start := min(alignUp(old, img.subSize), size)
 	if start > old {
-		if _, err := img.WriteAt(make([]byte, start-old), old, false); err != nil {
+		if _, err := img.WriteAt(ctx, make([]byte, start-old), old, 0); err != nil {
 			return err
 		}
 	}
@@ -176,7 +167,7 @@ func (img *Image) zeroGrown(old, size int64) error {
 		c := off >> img.clusterBits
 		first := (off & (img.clusterSize - 1)) / img.subSize
 		mask := all &^ (1<<first - 1)
-		if err := img.zeroSubclusters(c, mask, false, false); err != nil {
+		if err := img.zeroSubclusters(ctx, c, mask, false, false); err != nil {
 			return err
 		}
 		if err := img.endWrite(true, false); err != nil { // keeps the caches bounded
@@ -244,7 +235,7 @@ func (img *Image) reserveHost(mode string, off, n int64) error {
 // only gets a host cluster of its own, except when falloc or full must
 // hide a backing file (zeroNew), where every subcluster is allocated. It
 // returns the end of a fresh host cluster it placed, or 0.
-func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd int64, err error) {
+func (img *Image) preallocOldEnd(ctx context.Context, mode string, from int64, zeroNew bool) (hostEnd int64, err error) {
 	in := from & (img.clusterSize - 1)
 	if in == 0 {
 		return 0, nil
@@ -254,7 +245,7 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 	end := min(start+img.clusterSize, img.size)
 	anew := (mode == PreallocFalloc || mode == PreallocFull) && !img.hasDataFile
 	var m mapping
-	if err := img.withMetadata(func() (err error) {
+	if err := img.withMetadata(ctx, func() (err error) {
 		m, err = img.lookupLocked(c)
 		return err
 	}); err != nil {
@@ -266,12 +257,12 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 		if owned && !anew {
 			return 0, nil
 		}
-		return img.freshOldEnd(c, in, mode)
+		return img.freshOldEnd(ctx, c, in, mode)
 	}
 	if hasHost && m.entry&flagCompressed == 0 && m.entry&flagCopied == 0 && !(anew && zeroNew) {
 		// Shared with a snapshot: the active layer gets its own copy with
 		// the same bitmap, as QEMU's copy-on-write of the allocation.
-		nm, err := img.copyClusterAway(c, m)
+		nm, err := img.copyClusterAway(ctx, c, m)
 		if err != nil {
 			return 0, err
 		}
@@ -280,10 +271,10 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 	switch {
 	case anew && zeroNew:
 		buf := make([]byte, end-start)
-		if _, err := img.ReadAt(buf[:in], start); err != nil {
+		if _, err := img.ReadAt(ctx, buf[:in], start); err != nil {
 			return 0, err
 		}
-		_, err := img.WriteAt(buf, start, false)
+		_, err := img.WriteAt(ctx, buf, start, 0)
 		return 0, err
 	case owned:
 		if !anew {
@@ -306,11 +297,11 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 	case m.entry&flagCompressed == 0 && !hasHost:
 		// Only a host cluster: the bitmap (zero or unallocated
 		// subclusters) stays.
-		host, err := img.freshHost(start, mode)
+		host, err := img.freshHost(ctx, start, mode)
 		if err != nil {
 			return 0, err
 		}
-		err = img.withMetadata(func() error {
+		err = img.withMetadata(ctx, func() error {
 			return img.setEntryLocked(c, mapping{entry: host | flagCopied, bitmap: m.bitmap &^ uint64(1<<img.nsub-1)}, false)
 		})
 		if err != nil || img.hasDataFile {
@@ -320,7 +311,7 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 	}
 	// Compressed: QEMU drops the data here (the bitmap of a compressed
 	// entry allocates nothing); ovis keeps it, written out whole.
-	_, err = img.WriteAt(make([]byte, end-from), from, false)
+	_, err = img.WriteAt(ctx, make([]byte, end-from), from, 0)
 	return 0, err
 }
 
@@ -328,11 +319,11 @@ func (img *Image) preallocOldEnd(mode string, from int64, zeroNew bool) (hostEnd
 // file, the same offset) and gives it its host space as mode asks: a
 // cluster reused from inside the file is zeroed, as a fresh one past the
 // end reads.
-func (img *Image) freshHost(start int64, mode string) (uint64, error) {
+func (img *Image) freshHost(ctx context.Context, start int64, mode string) (uint64, error) {
 	if img.hasDataFile {
 		return uint64(start), nil
 	}
-	host, err := img.allocClusterRetrying()
+	host, err := img.allocClusterRetrying(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -358,13 +349,13 @@ func (img *Image) freshHost(start int64, mode string) (uint64, error) {
 // (the backing file, compressed or shared data, zeros) and zeros past
 // the image's end, as QEMU's allocation copies on write; the rest stays
 // fresh. It returns the end of the host cluster, 0 in a data file.
-func (img *Image) freshOldEnd(c, in int64, mode string) (int64, error) {
+func (img *Image) freshOldEnd(ctx context.Context, c, in int64, mode string) (int64, error) {
 	start := c << img.clusterBits
 	head := make([]byte, in)
-	if _, err := img.ReadAt(head, start); err != nil {
+	if _, err := img.ReadAt(ctx, head, start); err != nil {
 		return 0, err
 	}
-	host, err := img.freshHost(start, mode)
+	host, err := img.freshHost(ctx, start, mode)
 	if err != nil {
 		return 0, err
 	}
@@ -376,7 +367,7 @@ func (img *Image) freshOldEnd(c, in int64, mode string) (int64, error) {
 	if _, err := img.writeHost(img.data, head, int64(host)); err != nil {
 		return 0, fmt.Errorf("qcow2: writing the last cluster at %#x: %w", host, err)
 	}
-	err = img.withMetadata(func() error { return img.setEntryLocked(c, mapping{entry: host | flagCopied}, true) })
+	err = img.withMetadata(ctx, func() error { return img.setEntryLocked(c, mapping{entry: host | flagCopied}, true) })
 	if err != nil || img.hasDataFile {
 		return 0, err
 	}
@@ -385,13 +376,13 @@ func (img *Image) freshOldEnd(c, in int64, mode string) (int64, error) {
 
 // copyClusterAway gives guest cluster c, mapped by m to a host cluster
 // shared with a snapshot, a copy of its own, keeping the bitmap.
-func (img *Image) copyClusterAway(c int64, m mapping) (mapping, error) {
+func (img *Image) copyClusterAway(ctx context.Context, c int64, m mapping) (mapping, error) {
 	h, _ := img.host(m)
 	buf := make([]byte, img.clusterSize)
 	if _, err := img.data.ReadAt(buf, int64(h)); err != nil && !errors.Is(err, io.EOF) {
 		return mapping{}, fmt.Errorf("qcow2: reading the cluster at %#x: %w", h, err)
 	}
-	host, err := img.allocClusterRetrying()
+	host, err := img.allocClusterRetrying(ctx)
 	if err != nil {
 		return mapping{}, err
 	}
@@ -399,7 +390,7 @@ func (img *Image) copyClusterAway(c int64, m mapping) (mapping, error) {
 		return mapping{}, fmt.Errorf("qcow2: copying the cluster to %#x: %w", host, err)
 	}
 	nm := mapping{entry: host | flagCopied, bitmap: m.bitmap}
-	return nm, img.withMetadata(func() error { return img.setEntryLocked(c, nm, true) })
+	return nm, img.withMetadata(ctx, func() error { return img.setEntryLocked(c, nm, true) })
 }
 
 func (img *Image) growLocked(size int64) error {
@@ -579,10 +570,10 @@ func (img *Image) lastUsedClusterLocked() (int64, error) {
 // allocClusterRetrying allocates one host cluster under the metadata
 // lock, retrying through table loads and refcount-table growth
 // (withMetadata) without allocating twice.
-func (img *Image) allocClusterRetrying() (uint64, error) {
+func (img *Image) allocClusterRetrying(ctx context.Context) (uint64, error) {
 	var host uint64
 	allocated := false
-	err := img.withMetadata(func() (err error) {
+	err := img.withMetadata(ctx, func() (err error) {
 		if !allocated {
 			host, err = img.allocClusterLocked()
 			allocated = err == nil

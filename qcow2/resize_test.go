@@ -44,12 +44,12 @@ func TestResizeOverBackingReadsZeros(t *testing.T) {
 					t.Fatal(err)
 				}
 				const newSize = 3<<20 + 512
-				if err := img.Resize(newSize, false, p); err != nil {
+				if err := img.Resize(ctx, newSize, false, p); err != nil {
 					img.Close()
 					t.Fatal(err)
 				}
 				got := make([]byte, newSize)
-				if _, err := img.ReadAt(got, 0); err != nil {
+				if _, err := img.ReadAt(ctx, got, 0); err != nil {
 					t.Fatal(err)
 				}
 				if err := img.Close(); err != nil {
@@ -81,18 +81,18 @@ func TestResizeShrinkReleasesHostSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := bytes.Repeat([]byte{7}, 16<<20)
-	if _, err := img.WriteAt(data, 0, false); err != nil {
+	if _, err := img.WriteAt(ctx, data, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	before := allocated(t, path)
-	if err := img.Resize(1<<20+512, true, PreallocOff); err != nil {
+	if err := img.Resize(ctx, 1<<20+512, true, PreallocOff); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, 1<<20+512)
-	if _, err := img.ReadAt(got, 0); err != nil {
+	if _, err := img.ReadAt(ctx, got, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := img.Close(); err != nil {
@@ -146,7 +146,7 @@ func TestResizeStoppedStillHidesBacking(t *testing.T) {
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				cancel()
-				err = img.ResizeContext(ctx, 2<<20, false, p)
+				err = img.Resize(ctx, 2<<20, false, p)
 				if compat == "0.10" && p == PreallocMetadata {
 					// Refused before anything changes, as qemu-img.
 					if err == nil || err.Error() != errZeroNewClusters.Error() {
@@ -159,7 +159,7 @@ func TestResizeStoppedStillHidesBacking(t *testing.T) {
 					t.Fatalf("ResizeContext: %v, want context.Canceled", err)
 				}
 				got := make([]byte, 2<<20-64<<10)
-				if _, err := img.ReadAt(got, 64<<10); err != nil {
+				if _, err := img.ReadAt(ctx, got, 64<<10); err != nil {
 					t.Fatal(err)
 				}
 				if err := img.Close(); err != nil {

@@ -628,7 +628,7 @@ func TestLoadSnapshot(t *testing.T) {
 			want byte
 		}{{0, 1}, {64 << 10, 0}, {600 << 20, 0}} {
 			buf := make([]byte, 64<<10)
-			if _, err := img.ReadAt(buf, r.off); err != nil {
+			if _, err := img.ReadAt(ctx, buf, r.off); err != nil {
 				t.Fatal(err)
 			}
 			if bytes.Count(buf, []byte{r.want}) != len(buf) {

@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -88,8 +89,8 @@ func (img *Image) qemuSnapshotEntries(snaps []Snapshot) []Snapshot {
 // CreateSnapshot makes an internal snapshot of the active layer, as
 // qemu-img snapshot -c does. id "" picks the next free numeric ID.
 // dateSec and dateNsec stamp it.
-func (img *Image) CreateSnapshot(id, name string, dateSec, dateNsec uint32) error {
-	return img.exclusive(func() error {
+func (img *Image) CreateSnapshot(ctx context.Context, id, name string, dateSec, dateNsec uint32) error {
+	return img.exclusive(ctx, func() error {
 		if img.hasDataFile {
 			return fmt.Errorf("qcow2: internal snapshots are not supported with an external data file")
 		}
@@ -193,8 +194,8 @@ func (img *Image) nextSnapshotID() string {
 
 // DeleteSnapshot removes an internal snapshot (by ID or name) and
 // releases what only it referenced.
-func (img *Image) DeleteSnapshot(idOrName string) error {
-	return img.exclusive(func() error {
+func (img *Image) DeleteSnapshot(ctx context.Context, idOrName string) error {
+	return img.exclusive(ctx, func() error {
 		i := img.findSnapshot(idOrName)
 		if i < 0 {
 			return fmt.Errorf("%w: %q", ErrSnapshotNotFound, idOrName)
@@ -243,8 +244,8 @@ func (img *Image) readL1Exclusive(sn Snapshot) ([]uint64, error) {
 
 // ApplySnapshot reverts the active layer to an internal snapshot (by ID
 // or name), as qemu-img snapshot -a does.
-func (img *Image) ApplySnapshot(idOrName string) error {
-	return img.exclusive(func() error {
+func (img *Image) ApplySnapshot(ctx context.Context, idOrName string) error {
+	return img.exclusive(ctx, func() error {
 		i := img.findSnapshot(idOrName)
 		if i < 0 {
 			return fmt.Errorf("%w: %q", ErrSnapshotNotFound, idOrName)

@@ -1,6 +1,7 @@
 package qcow2
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"syscall"
@@ -8,22 +9,22 @@ import (
 	"github.com/ovis-storage/ovis/block"
 )
 
-// WriteAt writes p at guest offset off. With fua, the data and the
+// WriteAt writes p at guest offset off. With FUA, the data and the
 // metadata that maps it are durable before WriteAt returns.
-func (img *Image) WriteAt(p []byte, off int64, fua bool) (int, error) {
+func (img *Image) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags) (int, error) {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
-	return img.writeAt(p, off, fua)
+	return img.writeAt(ctx, p, off, f.Has(block.FUA))
 }
 
-func (img *Image) writeAt(p []byte, off int64, fua bool) (int, error) {
+func (img *Image) writeAt(ctx context.Context, p []byte, off int64, fua bool) (int, error) {
 	if err := img.beginWrite(off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	meta := false
 	done := 0
 	for done < len(p) {
-		n, changed, err := img.writeRun(off+int64(done), p[done:])
+		n, changed, err := img.writeRun(ctx, off+int64(done), p[done:])
 		if err != nil {
 			return done, err
 		}
@@ -143,11 +144,11 @@ func (img *Image) writeBackRefBlocks() error {
 // claim waits until no other writer changes guest cluster c's L2 entry and
 // then claims it; fast is called under mu first and may finish the lookup
 // without claiming (it returns true). release ends the claim.
-func (img *Image) claim(c int64, fast func() (bool, error)) (claimed bool, err error) {
+func (img *Image) claim(ctx context.Context, c int64, fast func() (bool, error)) (claimed bool, err error) {
 	for {
 		var wait chan struct{}
 		done := false
-		err := img.withMetadata(func() error {
+		err := img.withMetadata(ctx, func() error {
 			// The closure reruns after each table load: start afresh.
 			wait, done = nil, false
 			if ch := img.inflight[c]; ch != nil {
@@ -169,7 +170,9 @@ func (img *Image) claim(c int64, fast func() (bool, error)) (claimed bool, err e
 			return false, err
 		}
 		if wait != nil {
-			<-wait
+			if err := waitFor(ctx, wait); err != nil {
+				return false, err
+			}
 			continue
 		}
 		return !done, nil
@@ -186,11 +189,11 @@ func (img *Image) release(c int64) {
 
 // writeCluster writes p at offset in inside guest cluster c. It reports
 // whether metadata changed.
-func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
+func (img *Image) writeCluster(ctx context.Context, c, in int64, p []byte) (bool, error) {
 	s0 := int(in / img.subSize)
 	s1 := int((in + int64(len(p)) - 1) / img.subSize)
 	var host, epoch uint64
-	claimed, err := img.claim(c, func() (bool, error) {
+	claimed, err := img.claim(ctx, c, func() (bool, error) {
 		m, err := img.lookupLocked(c)
 		if err != nil {
 			return false, err
@@ -220,7 +223,7 @@ func (img *Image) writeCluster(c, in int64, p []byte) (bool, error) {
 		return false, nil
 	}
 	defer img.release(c)
-	return true, img.allocWrite(c, in, p)
+	return true, img.allocWrite(ctx, c, in, p)
 }
 
 // writableL2Locked returns the L2 cache slice holding guest cluster c's
@@ -317,14 +320,14 @@ func (img *Image) freeEntryLocked(m mapping) {
 
 // allocWrite writes p into guest cluster c, which the caller has claimed,
 // allocating or copying the host cluster as needed.
-func (img *Image) allocWrite(c, in int64, p []byte) error {
+func (img *Image) allocWrite(ctx context.Context, c, in int64, p []byte) error {
 	var (
 		old      mapping
 		host     uint64
 		newHost  bool
 		allocErr error
 	)
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(ctx, func() error {
 		e, idx, err := img.writableL2Locked(c)
 		if err != nil {
 			return err
@@ -395,7 +398,7 @@ func (img *Image) allocWrite(c, in int64, p []byte) error {
 		}
 		buf := make([]byte, img.subSize)
 		if ps != start || pe != start+img.subSize {
-			if err := img.fillSub(buf, c, i, old, &cluster); err != nil {
+			if err := img.fillSub(ctx, buf, c, i, old, &cluster); err != nil {
 				return err
 			}
 		}
@@ -434,19 +437,19 @@ func (img *Image) allocWrite(c, in int64, p []byte) error {
 		}
 		nm.bitmap = uint64(alloc) | uint64(zero)<<32
 	}
-	return img.withMetadata(func() error {
+	return img.withMetadata(ctx, func() error {
 		return img.setEntryLocked(c, nm, newHost)
 	})
 }
 
 // fillSub fills buf with the old contents of subcluster i (the whole
 // cluster without extended L2) of guest cluster c.
-func (img *Image) fillSub(buf []byte, c int64, i int, old mapping, cluster *[]byte) error {
+func (img *Image) fillSub(ctx context.Context, buf []byte, c int64, i int, old mapping, cluster *[]byte) error {
 	start := int64(i) * img.subSize
 	kind, h := img.sub(old, i)
 	switch kind {
 	case kindUnalloc:
-		return img.readBacking(buf, c<<img.clusterBits+start)
+		return img.readBacking(ctx, buf, c<<img.clusterBits+start)
 	case kindData:
 		if err := block.ReadFull(img.data, buf, int64(h)); err != nil {
 			return fmt.Errorf("qcow2: copying cluster at %#x: %w", h, err)
@@ -496,13 +499,13 @@ type runPlan struct {
 // does a run of clusters that all need a new host cluster, which get one
 // contiguous host run. Anything else goes one cluster at a time through
 // allocWrite.
-func (img *Image) writeRun(pos int64, p []byte) (int, bool, error) {
+func (img *Image) writeRun(ctx context.Context, pos int64, p []byte) (int, bool, error) {
 	c0 := pos >> img.clusterBits
 	in := pos & (img.clusterSize - 1)
 	var plan runPlan
 	for {
 		var wait chan struct{}
-		err := img.withMetadata(func() error {
+		err := img.withMetadata(ctx, func() error {
 			// The closure reruns after each table load: start afresh.
 			var err error
 			plan, wait, err = img.planRunLocked(c0, in, p)
@@ -514,7 +517,9 @@ func (img *Image) writeRun(pos int64, p []byte) (int, bool, error) {
 		if wait == nil {
 			break
 		}
-		<-wait
+		if err := waitFor(ctx, wait); err != nil {
+			return 0, false, err
+		}
 	}
 	switch plan.kind {
 	case runInPlace:
@@ -526,10 +531,10 @@ func (img *Image) writeRun(pos int64, p []byte) (int, bool, error) {
 		return plan.n, false, nil
 	case runFresh:
 		defer img.releaseRun(c0, plan.clusters, plan.claim)
-		return plan.n, true, img.writeFresh(c0, in, p[:plan.n], &plan)
+		return plan.n, true, img.writeFresh(ctx, c0, in, p[:plan.n], &plan)
 	}
 	defer img.releaseRun(c0, 1, plan.claim)
-	return plan.n, true, img.allocWrite(c0, in, p[:plan.n])
+	return plan.n, true, img.allocWrite(ctx, c0, in, p[:plan.n])
 }
 
 // maxRunClusters bounds a run, so that mu is not held for long while it
@@ -662,12 +667,12 @@ func (img *Image) releaseRun(c0, n int64, ch chan struct{}) {
 // built over the cluster's old contents), and then the L2 entries are
 // set. As in allocWrite, the data is written before the entries that map
 // it, and the run's refcounts are raised before them.
-func (img *Image) writeFresh(c0, in int64, p []byte, plan *runPlan) error {
+func (img *Image) writeFresh(ctx context.Context, c0, in int64, p []byte, plan *runPlan) error {
 	cs := img.clusterSize
 	n := plan.clusters
 	var run uint64
 	allocated := false
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(ctx, func() error {
 		if _, _, err := img.writableL2Locked(c0); err != nil {
 			return err
 		}
@@ -691,14 +696,14 @@ func (img *Image) writeFresh(c0, in int64, p []byte, plan *runPlan) error {
 	end := in + int64(len(p)) // within the run's first cluster
 	var head, tail []byte
 	if in != 0 || (n == 1 && end != cs) {
-		if head, err = img.overlay(c0, plan.head, in, p[:min(int64(len(p)), cs-in)]); err != nil {
+		if head, err = img.overlay(ctx, c0, plan.head, in, p[:min(int64(len(p)), cs-in)]); err != nil {
 			img.freeRun(run, n)
 			return err
 		}
 	}
 	if n > 1 && end%cs != 0 {
 		from := (n-1)*cs - in
-		if tail, err = img.overlay(c0+n-1, plan.tail, 0, p[from:]); err != nil {
+		if tail, err = img.overlay(ctx, c0+n-1, plan.tail, 0, p[from:]); err != nil {
 			img.freeRun(run, n)
 			return err
 		}
@@ -731,7 +736,7 @@ func (img *Image) writeFresh(c0, in int64, p []byte, plan *runPlan) error {
 	if img.extL2 {
 		bitmap = 1<<img.nsub - 1 // every subcluster allocated, none zero
 	}
-	return img.withMetadata(func() error {
+	return img.withMetadata(ctx, func() error {
 		for k := int64(0); k < n; k++ {
 			nm := mapping{entry: (run + uint64(k*cs)) | flagCopied, bitmap: bitmap}
 			// Skip entries set before a table load made this rerun.
@@ -748,10 +753,10 @@ func (img *Image) writeFresh(c0, in int64, p []byte, plan *runPlan) error {
 
 // overlay returns guest cluster c, whose entry is old, as it reads with
 // p written at offset in.
-func (img *Image) overlay(c int64, old mapping, in int64, p []byte) ([]byte, error) {
+func (img *Image) overlay(ctx context.Context, c int64, old mapping, in int64, p []byte) ([]byte, error) {
 	buf := make([]byte, img.clusterSize)
 	var cluster []byte
-	if err := img.fillSub(buf, c, 0, old, &cluster); err != nil {
+	if err := img.fillSub(ctx, buf, c, 0, old, &cluster); err != nil {
 		return nil, err
 	}
 	copy(buf[in:], p)

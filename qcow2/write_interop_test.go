@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/ovis-storage/ovis/block"
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
@@ -256,7 +257,7 @@ func checkWithQemu(t *testing.T, path, raw string, size int64) map[string]any {
 		t.Fatalf("reopen: %v", err)
 	}
 	defer ro.Close()
-	testutil.CompareDeviceWithRaw(t, ro, size, raw)
+	testutil.CompareDeviceWithRaw(t, block.ReaderAt(ctx, ro), size, raw)
 	return rep
 }
 
@@ -364,7 +365,7 @@ func (m *mirror) fill(t *testing.T, r *rand.Rand) {
 	for _, i := range r.Perm(int(n)) {
 		off := int64(i) * chunk
 		p := randBytes(r.Uint64(), int(min(chunk, int64(len(m.model))-off)))
-		if _, err := m.img.WriteAt(p, off, false); err != nil {
+		if _, err := m.img.WriteAt(ctx, p, off, 0); err != nil {
 			t.Fatalf("fill: WriteAt(%d bytes at %d): %v", len(p), off, err)
 		}
 		copy(m.model[off:], p)
@@ -457,7 +458,7 @@ func (w *worker) run(ops int) {
 			fua := w.r.IntN(5) == 0
 			buf := w.data(n)
 			w.log = append(w.log, fmt.Sprintf("WriteAt(%d bytes at %d, fua %v)", n, off, fua))
-			if k, err := img.WriteAt(buf, off, fua); err != nil || k != len(buf) {
+			if k, err := img.WriteAt(ctx, buf, off, block.FUAIf(fua)); err != nil || k != len(buf) {
 				w.fail("WriteAt: %d, %v", k, err)
 				return
 			}
@@ -467,7 +468,7 @@ func (w *worker) run(ops int) {
 			off, n := w.span()
 			unmap, fua := w.r.IntN(2) == 0, w.r.IntN(5) == 0
 			w.log = append(w.log, fmt.Sprintf("WriteZeroes(%d, %d, mayUnmap %v, fua %v)", off, n, unmap, fua))
-			if err := img.WriteZeroes(off, n, unmap, fua); err != nil {
+			if err := img.WriteZeroes(ctx, off, n, block.ZeroFlags(unmap, fua)); err != nil {
 				w.fail("WriteZeroes: %v", err)
 				return
 			}
@@ -476,7 +477,7 @@ func (w *worker) run(ops int) {
 		case p < 65:
 			off, n := w.span()
 			w.log = append(w.log, fmt.Sprintf("Discard(%d, %d)", off, n))
-			if err := img.Discard(off, n); err != nil {
+			if err := img.Discard(ctx, off, n, 0); err != nil {
 				w.fail("Discard: %v", err)
 				return
 			}
@@ -488,7 +489,7 @@ func (w *worker) run(ops int) {
 			off, n := w.span()
 			w.log = append(w.log, fmt.Sprintf("ReadAt(%d bytes at %d)", n, off))
 			got := make([]byte, n)
-			if k, err := img.ReadAt(got, off); err != nil || k != len(got) {
+			if k, err := img.ReadAt(ctx, got, off); err != nil || k != len(got) {
 				w.fail("ReadAt: %d, %v", k, err)
 				return
 			}
@@ -499,7 +500,7 @@ func (w *worker) run(ops int) {
 			}
 		case p < 82:
 			w.log = append(w.log, "Flush()")
-			if err := img.Flush(); err != nil {
+			if err := img.Flush(ctx); err != nil {
 				w.fail("Flush: %v", err)
 				return
 			}
@@ -509,7 +510,7 @@ func (w *worker) run(ops int) {
 			off, n := w.span()
 			buf := w.data(n)
 			w.log = append(w.log, fmt.Sprintf("WriteAt(%d bytes at %d)", n, off))
-			if k, err := img.WriteAt(buf, off, false); err != nil || k != len(buf) {
+			if k, err := img.WriteAt(ctx, buf, off, 0); err != nil || k != len(buf) {
 				w.fail("WriteAt: %d, %v", k, err)
 				return
 			}
@@ -531,7 +532,7 @@ func (w *worker) run(ops int) {
 // model then takes what the image reads.
 func (w *worker) checkDiscard(off, n int64) bool {
 	got := make([]byte, n)
-	if k, err := w.m.img.ReadAt(got, off); err != nil || k != len(got) {
+	if k, err := w.m.img.ReadAt(ctx, got, off); err != nil || k != len(got) {
 		w.fail("ReadAt after Discard: %d, %v", k, err)
 		return false
 	}
@@ -594,7 +595,7 @@ func (w *worker) writeCompressed(final bool) {
 			buf = make([]byte, n)
 		}
 		w.log = append(w.log, fmt.Sprintf("WriteCompressed(%d bytes at %d)", n, off))
-		if err := w.m.img.WriteCompressed(buf, off); err != nil {
+		if err := w.m.img.WriteCompressed(ctx, buf, off); err != nil {
 			w.fail("WriteCompressed: %v", err)
 			return
 		}

@@ -40,7 +40,7 @@ func (f *countingFile) take() []int {
 func hostOf(t *testing.T, img *Image, c int64) uint64 {
 	t.Helper()
 	var h uint64
-	err := img.withMetadata(func() error {
+	err := img.withMetadata(ctx, func() error {
 		m, err := img.lookupLocked(c)
 		if err != nil {
 			return err
@@ -96,7 +96,7 @@ func TestWriteRunOneHostRun(t *testing.T) {
 				t.Helper()
 				p := make([]byte, n)
 				rand.New(rand.NewSource(off + int64(n))).Read(p)
-				if _, err := img.WriteAt(p, off, false); err != nil {
+				if _, err := img.WriteAt(ctx, p, off, 0); err != nil {
 					t.Fatalf("WriteAt(%d, %d): %v", off, n, err)
 				}
 				copy(model[off:], p)
@@ -145,7 +145,7 @@ func TestWriteRunOneHostRun(t *testing.T) {
 			}
 
 			buf := make([]byte, o.Size)
-			if _, err := img.ReadAt(buf, 0); err != nil {
+			if _, err := img.ReadAt(ctx, buf, 0); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(buf, model) {
@@ -227,7 +227,7 @@ func TestWriteRunConcurrentOverlap(t *testing.T) {
 								binary.LittleEndian.PutUint64(p[s+i:], v)
 							}
 						}
-						if _, err := img.WriteAt(p, off, r.Intn(10) == 0); err != nil {
+						if _, err := img.WriteAt(ctx, p, off, block.FUAIf(r.Intn(10) == 0)); err != nil {
 							errs <- fmt.Errorf("writer %d: WriteAt(%d, %d): %v", w, off, n, err)
 							return
 						}
@@ -246,7 +246,7 @@ func TestWriteRunConcurrentOverlap(t *testing.T) {
 						return
 					default:
 					}
-					if err := img.Flush(); err != nil {
+					if err := img.Flush(ctx); err != nil {
 						errs <- fmt.Errorf("flusher: %v", err)
 						return
 					}
@@ -264,7 +264,7 @@ func TestWriteRunConcurrentOverlap(t *testing.T) {
 					default:
 					}
 					off := r.Int63n(size - int64(len(p)))
-					if _, err := img.ReadAt(p, off); err != nil {
+					if _, err := img.ReadAt(ctx, p, off); err != nil {
 						errs <- fmt.Errorf("reader: ReadAt(%d): %v", off, err)
 						return
 					}
@@ -317,7 +317,7 @@ func TestWriteRunConcurrentOverlap(t *testing.T) {
 				}
 			}
 			got := make([]byte, size)
-			if _, err := img.ReadAt(got, 0); err != nil {
+			if _, err := img.ReadAt(ctx, got, 0); err != nil {
 				t.Fatal(err)
 			}
 			verify("ovis", got)

@@ -3,14 +3,22 @@ package qcow2
 import (
 	"context"
 	"fmt"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // WriteZeroes makes [off, off+n) read as zeros. Whole (sub)clusters get
-// the zero flag (and with mayUnmap lose their host cluster); the partial
-// edges are written with zeros.
-func (img *Image) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
+// the zero flag (and without NoUnmap lose their host cluster); the
+// partial edges are written with zeros. With NoFallback, a range that
+// needs zeros written (partial edges, an image whose metadata cannot say
+// zero) fails with block.ErrNoFallback before anything changes.
+func (img *Image) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
+	mayUnmap, fua := !f.Has(block.NoUnmap), f.Has(block.FUA)
+	if f.Has(block.NoFallback) && block.CheckRange(off, n, img.size) == nil && !img.zeroesByMetadata(off, n, mayUnmap) {
+		return block.ErrNoFallback
+	}
 	if err := img.beginWrite(off, n); err != nil {
 		return err
 	}
@@ -31,23 +39,29 @@ func (img *Image) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
 			mask |= 1 << i
 		}
 		if mask == 0 || !img.canZero(mayUnmap) {
-			if err := img.writeZeroBytes(c, in, k); err != nil {
+			if err := img.writeZeroBytes(ctx, c, in, k); err != nil {
 				return err
 			}
 		} else {
 			if first*img.subSize > in {
-				if err := img.writeZeroBytes(c, in, first*img.subSize-in); err != nil {
+				if err := img.writeZeroBytes(ctx, c, in, first*img.subSize-in); err != nil {
 					return err
 				}
 			}
 			if tail := min(end, in+k); last*img.subSize < tail {
-				if err := img.writeZeroBytes(c, last*img.subSize, tail-last*img.subSize); err != nil {
+				if err := img.writeZeroBytes(ctx, c, last*img.subSize, tail-last*img.subSize); err != nil {
 					return err
 				}
 			}
-			err := img.zeroSubclusters(c, mask, mayUnmap, false)
+			err := img.zeroSubclusters(ctx, c, mask, mayUnmap, false)
+			if err == errPartialCompressed && f.Has(block.NoFallback) {
+				// Found only now, under the claim: earlier
+				// clusters may be zeroed already, which a failed
+				// FAST_ZERO allows.
+				err = block.ErrNoFallback
+			}
 			if err == errPartialCompressed {
-				err = img.writeZeroBytes(c, first*img.subSize, (last-first)*img.subSize)
+				err = img.writeZeroBytes(ctx, c, first*img.subSize, (last-first)*img.subSize)
 			}
 			if err != nil {
 				return err
@@ -58,6 +72,20 @@ func (img *Image) WriteZeroes(off, n int64, mayUnmap, fua bool) error {
 		n -= k
 	}
 	return img.endWrite(meta, fua)
+}
+
+// zeroesByMetadata reports whether WriteZeroes can zero [off, off+n)
+// without writing data: whole subclusters only (the image's partial last
+// one counts as whole), in an image whose metadata can say zero.
+func (img *Image) zeroesByMetadata(off, n int64, mayUnmap bool) bool {
+	if n == 0 {
+		return true
+	}
+	if !img.canZero(mayUnmap) {
+		return false
+	}
+	end := off + n
+	return off%img.subSize == 0 && (end%img.subSize == 0 || end == img.size)
 }
 
 // canZero reports whether the metadata can express zeros for the
@@ -75,22 +103,22 @@ func (img *Image) canZero(mayUnmap bool) bool {
 	return mayUnmap && img.hdr.BackingFile == ""
 }
 
-func (img *Image) writeZeroBytes(c, in, n int64) error {
-	_, err := img.writeCluster(c, in, make([]byte, n))
+func (img *Image) writeZeroBytes(ctx context.Context, c, in, n int64) error {
+	_, err := img.writeCluster(ctx, c, in, make([]byte, n))
 	return err
 }
 
 // zeroSubclusters marks the subclusters of guest cluster c in mask as
 // zero. discard drops them instead (reads then come from the backing file
 // when there is one, as QEMU's discard does).
-func (img *Image) zeroSubclusters(c int64, mask uint32, mayUnmap, discard bool) error {
-	claimed, err := img.claim(c, func() (bool, error) { return false, nil })
+func (img *Image) zeroSubclusters(ctx context.Context, c int64, mask uint32, mayUnmap, discard bool) error {
+	claimed, err := img.claim(ctx, c, func() (bool, error) { return false, nil })
 	if err != nil || !claimed {
 		return err
 	}
 	defer img.release(c)
 	full := mask == uint32(1<<img.nsub-1)
-	return img.withMetadata(func() error {
+	return img.withMetadata(ctx, func() error {
 		m, err := img.lookupLocked(c)
 		if err != nil {
 			return err
@@ -171,7 +199,7 @@ var errPartialCompressed = &CorruptError{Msg: "internal: partial zero of a compr
 // v2). A v2 image with a backing file ignores discards, as QEMU does
 // (they would expose the backing file), and so do images with an
 // external data file.
-func (img *Image) Discard(off, n int64) error {
+func (img *Image) Discard(ctx context.Context, off, n int64, f block.Flags) error {
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := img.beginWrite(off, n); err != nil {
@@ -188,11 +216,11 @@ func (img *Image) Discard(off, n int64) error {
 	}
 	all := uint32(1<<img.nsub - 1)
 	for c := first; c < last; c++ {
-		if err := img.zeroSubclusters(c, all, true, true); err != nil {
+		if err := img.zeroSubclusters(ctx, c, all, true, true); err != nil {
 			return err
 		}
 	}
-	return img.endWrite(last > first, false)
+	return img.endWrite(last > first, f.Has(block.FUA))
 }
 
 // MakeEmpty drops every cluster of the image's active layer, so that it
@@ -216,7 +244,7 @@ func (img *Image) MakeEmpty(ctx context.Context) error {
 			return err
 		}
 		var skip int64
-		claimed, err := img.claim(c, func() (bool, error) {
+		claimed, err := img.claim(ctx, c, func() (bool, error) {
 			_, idx, l2off := img.l2SlotLocked(c)
 			if l2off == 0 {
 				skip = img.l2Entries - idx
@@ -227,7 +255,7 @@ func (img *Image) MakeEmpty(ctx context.Context) error {
 			return m == (mapping{}), err
 		})
 		if err == nil && claimed {
-			err = img.withMetadata(func() error {
+			err = img.withMetadata(ctx, func() error {
 				m, err := img.lookupLocked(c)
 				if err != nil || m == (mapping{}) {
 					return err

@@ -27,7 +27,7 @@ func newImgMapCmd() *cobra.Command {
 			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Map(cfg, cmd.OutOrStdout())
+			return img.Map(cmd.Context(), cfg, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()

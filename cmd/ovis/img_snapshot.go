@@ -48,7 +48,7 @@ func newImgSnapshotCmd() *cobra.Command {
 			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], nil); err != nil {
 				return err
 			}
-			return img.Snapshot(cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return img.Snapshot(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()

@@ -174,7 +174,7 @@ func checkKilled(t *testing.T, round int, image string) bool {
 		return false
 	}
 	defer img.Close()
-	res, err := img.Check(qcow2.RepairNone)
+	res, err := img.Check(ctx, qcow2.RepairNone)
 	if err != nil {
 		t.Errorf("round %d: ovis Check: %v", round, err)
 		return false
@@ -362,7 +362,7 @@ func (m *killModel) verify(t *testing.T, round int, image, format string) bool {
 	}
 	defer dev.Close()
 	buf := make([]byte, killRegion)
-	if _, err := dev.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
+	if _, err := dev.ReadAt(ctx, buf, 0); err != nil && !errors.Is(err, io.EOF) {
 		t.Errorf("round %d: read %s: %v", round, image, err)
 		return false
 	}

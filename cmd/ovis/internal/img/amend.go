@@ -105,11 +105,11 @@ func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error
 		}
 	}
 	filename := cfg.Filenames[0]
-	dev, err := openWritable(filename, cfg.Format, qcow2.Options{}, stderr)
+	dev, err := openWritable(ctx, filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
 		return err
 	}
-	if err := repairDirty(dev, filename, stderr); err != nil {
+	if err := repairDirty(ctx, dev, filename, stderr); err != nil {
 		dev.Close()
 		return err
 	}
@@ -154,7 +154,7 @@ func amendDevice(ctx context.Context, dev block.Device, options string, help boo
 		}
 	}
 	prog.print(0, 0)
-	err = img.AmendContext(ctx, ao)
+	err = img.Amend(ctx, ao)
 	prog.print(100, 0)
 	if errors.Is(err, qcow2.ErrAmendBacking) {
 		return fmt.Errorf("%v\nYou can use 'ovis img rebase' instead.", err)
@@ -245,12 +245,12 @@ func printAmendHelp(w io.Writer, format string) error {
 // shutdown) as QEMU's qcow2_open does for a writable open: a check with
 // every repair, its messages printed on stderr, and the open failing if
 // the check could not finish.
-func repairDirty(dev block.Device, filename string, stderr io.Writer) error {
+func repairDirty(ctx context.Context, dev block.Device, filename string, stderr io.Writer) error {
 	img, ok := dev.(*qcow2.Image)
 	if !ok || img.Header().IncompatibleFeatures&qcow2.IncompatDirty == 0 {
 		return nil
 	}
-	res, err := img.Check(qcow2.RepairAll)
+	res, err := img.Check(ctx, qcow2.RepairAll)
 	if res != nil {
 		io.WriteString(stderr, checkLines(res.Messages))
 	}
@@ -267,6 +267,6 @@ func repairDirty(dev block.Device, filename string, stderr io.Writer) error {
 // image for writing (qemu-nbd included): it repairs the refcounts and
 // prints the repair on stderr. A device that is not a dirty qcow2 image
 // is left alone.
-func RepairDirty(dev block.Device, filename string, stderr io.Writer) error {
-	return repairDirty(dev, filename, stderr)
+func RepairDirty(ctx context.Context, dev block.Device, filename string, stderr io.Writer) error {
+	return repairDirty(ctx, dev, filename, stderr)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -153,7 +154,7 @@ func Bench(ctx context.Context, cfg BenchConfig, stdout io.Writer) error {
 		return err
 	}
 	defer dev.Close()
-	d := block.WithCacheMode(dev, r.cache)
+	d := export.WithCacheMode(dev, r.cache)
 	kind := "read"
 	if r.write {
 		kind = "write"
@@ -244,9 +245,9 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 			}
 			var err error
 			if r.write {
-				_, err = d.WriteAt(buf, off, false)
+				_, err = d.WriteAt(ctx, buf, off, 0)
 			} else {
-				_, err = d.ReadAt(buf, off)
+				_, err = d.ReadAt(ctx, buf, off)
 			}
 			if err != nil {
 				fail(err)
@@ -256,7 +257,7 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 				flushes.Add(1)
 				go func() {
 					defer flushes.Done()
-					if err := d.Flush(); err != nil {
+					if err := d.Flush(ctx); err != nil {
 						fail(err)
 					}
 				}()
@@ -289,7 +290,7 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 		if failed() != nil || limit == r.count {
 			break
 		}
-		if err := d.Flush(); err != nil {
+		if err := d.Flush(ctx); err != nil {
 			fail(err)
 			break
 		}

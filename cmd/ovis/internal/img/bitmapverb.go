@@ -65,7 +65,7 @@ func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
 		return errors.New("Expecting filename and bitmap name")
 	}
 	filename, name := cfg.Args[0], cfg.Args[1]
-	dev, err := openWritable(filename, cfg.Format, qcow2.Options{NoBacking: true}, stderr)
+	dev, err := openWritable(ctx, filename, cfg.Format, qcow2.Options{NoBacking: true}, stderr)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := bitmapAction(qimg, src, filename, name, gran, a); err != nil {
+		if err := bitmapAction(ctx, qimg, src, filename, name, gran, a); err != nil {
 			return fmt.Errorf("Operation %s on bitmap %s failed: %s", a.Op, name, bitmapReason(err))
 		}
 	}
@@ -90,7 +90,7 @@ func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
 }
 
 // bitmapAction runs one action on img (nil for a raw image).
-func bitmapAction(img *qcow2.Image, src block.Device, filename, name string, gran int64, a BitmapAction) error {
+func bitmapAction(ctx context.Context, img *qcow2.Image, src block.Device, filename, name string, gran int64, a BitmapAction) error {
 	if img == nil {
 		if a.Op == "add" {
 			return fmt.Errorf("Can't store persistent bitmaps to %s: Operation not supported", filename)
@@ -99,17 +99,17 @@ func bitmapAction(img *qcow2.Image, src block.Device, filename, name string, gra
 	}
 	switch a.Op {
 	case "add":
-		err := img.AddBitmap(name, gran, false)
+		err := img.AddBitmap(ctx, name, gran, false)
 		if err != nil && img.Header().Version < 3 {
 			err = fmt.Errorf("Can't make bitmap '%s' persistent in '%s': %w", name, filename, err)
 		}
 		return err
 	case "remove":
-		return img.RemoveBitmap(name)
+		return img.RemoveBitmap(ctx, name)
 	case "clear":
-		return img.ClearBitmap(name)
+		return img.ClearBitmap(ctx, name)
 	case "enable", "disable":
-		return img.SetBitmapEnabled(name, a.Op == "enable")
+		return img.SetBitmapEnabled(ctx, name, a.Op == "enable")
 	case "merge":
 		if !slicesContainsBitmap(img.Bitmaps(), name) {
 			return &qcow2.BitmapError{Err: qcow2.ErrBitmapNotFound, Name: name}
@@ -122,7 +122,7 @@ func bitmapAction(img *qcow2.Image, src block.Device, filename, name string, gra
 		if err != nil {
 			return err
 		}
-		return img.MergeBitmap(name, bits, g)
+		return img.MergeBitmap(ctx, name, bits, g)
 	}
 	return fmt.Errorf("unknown bitmap action %q", a.Op)
 }

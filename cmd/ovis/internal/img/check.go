@@ -71,7 +71,7 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true, OpenFile: openFile}, stderr)
+	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true, OpenFile: openFile}, stderr)
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 		dev.Close()
 		return exitWith(checkExitUnsupported, fmt.Errorf("This image format does not support checks"))
 	}
-	res, err := img.CheckContext(ctx, mode)
+	res, err := img.Check(ctx, mode)
 	if res != nil {
 		io.WriteString(stderr, checkLines(res.Messages))
 	}
@@ -97,7 +97,7 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 				res.LeaksFixed, res.CorruptionsFixed)
 		}
 		fixed := res
-		res, err = img.CheckContext(ctx, qcow2.RepairNone)
+		res, err = img.Check(ctx, qcow2.RepairNone)
 		if res != nil {
 			io.WriteString(stderr, checkLines(res.Messages))
 			res.LeaksFixed, res.CorruptionsFixed = fixed.LeaksFixed, fixed.CorruptionsFixed

@@ -56,7 +56,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	// Read-write, as QEMU opens it: no other process may use the image
 	// while its data moves down the chain and it is emptied.
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
+	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
 		return err
 	}
@@ -145,7 +145,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 	err = commitInto(ctx, img, target, base, prog, rate)
 	if err == nil {
 		// The data must be durable below before the image lets go of it.
-		err = target.Flush()
+		err = target.Flush(ctx)
 	}
 	if cerr := target.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -205,7 +205,7 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 		if err := ctx.Err(); err != nil {
 			return err // the caller's Close flushes what was copied
 		}
-		m, err := top.MapAt(off, size-off)
+		m, err := top.MapAt(ctx, off, size-off)
 		if err != nil {
 			return fmt.Errorf("error while reading block status at offset %d: %s", off, strerror(err))
 		}
@@ -222,7 +222,7 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 		off += n
 		prog.print(float32(n)/float32(size)*100, 100)
 	}
-	return target.Flush()
+	return target.Flush(ctx)
 }
 
 // jobError is how qemu-img commit reports an I/O error of its block job:
@@ -240,7 +240,7 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 		if err := rate.wait(ctx, n); err != nil {
 			return err
 		}
-		if err := dst.WriteZeroes(off, n, true, false); err != nil {
+		if err := dst.WriteZeroes(ctx, off, n, 0); err != nil {
 			return jobError{err}
 		}
 		return nil
@@ -253,10 +253,10 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 		if err := rate.wait(ctx, k); err != nil {
 			return err
 		}
-		if _, err := src.ReadAt(buf[:k], off); err != nil {
+		if _, err := src.ReadAt(ctx, buf[:k], off); err != nil {
 			return jobError{err}
 		}
-		if _, err := dst.WriteAt(buf[:k], off, false); err != nil {
+		if _, err := dst.WriteAt(ctx, buf[:k], off, 0); err != nil {
 			return jobError{err}
 		}
 		off += k
@@ -268,7 +268,7 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 func growDevice(ctx context.Context, d block.Device, size int64) error {
 	switch d := d.(type) {
 	case *qcow2.Image:
-		if err := d.ResizeContext(ctx, (size+511)&^511, false, qcow2.PreallocOff); err != nil {
+		if err := d.Resize(ctx, (size+511)&^511, false, qcow2.PreallocOff); err != nil {
 			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 		return nil

@@ -58,8 +58,8 @@ type compareSide struct {
 
 // status returns the run at off as bdrv_block_status_above reports it:
 // its flags and its length.
-func (s *compareSide) status(off, n int64) (int, int64, error) {
-	e, err := s.m.MapAt(off, n)
+func (s *compareSide) status(ctx context.Context, off, n int64) (int, int64, error) {
+	e, err := s.m.MapAt(ctx, off, n)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -84,10 +84,10 @@ func (s *compareSide) status(off, n int64) (int, int64, error) {
 
 // read reads [off, off+len(p)) with the partial last sector of a raw file
 // reading as zeros.
-func (s *compareSide) read(p []byte, off int64) error {
+func (s *compareSide) read(ctx context.Context, p []byte, off int64) error {
 	have := max(0, min(int64(len(p)), s.dev.Size()-off))
 	if have > 0 {
-		if _, err := s.dev.ReadAt(p[:have], off); err != nil && err != io.EOF {
+		if _, err := s.dev.ReadAt(ctx, p[:have], off); err != nil && err != io.EOF {
 			return exitWith(compareReadFailed, fmt.Errorf("Error while reading offset %d of %s: %s", off, s.name, strerror(err)))
 		}
 	}
@@ -143,11 +143,11 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		st1, n1, err := a.status(off, a.size-off)
+		st1, n1, err := a.status(ctx, off, a.size-off)
 		if err != nil {
 			return exitWith(compareStatFailed, fmt.Errorf("Sector allocation test failed for %s", a.name))
 		}
-		st2, n2, err := b.status(off, b.size-off)
+		st2, n2, err := b.status(ctx, off, b.size-off)
 		if err != nil {
 			return exitWith(compareStatFailed, fmt.Errorf("Sector allocation test failed for %s", b.name))
 		}
@@ -163,10 +163,10 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 			if alloc1 {
 				chunk = min(chunk, compareBuf)
 				p1, p2 := buf1[:chunk], buf2[:chunk]
-				if err := a.read(p1, off); err != nil {
+				if err := a.read(ctx, p1, off); err != nil {
 					return err
 				}
-				if err := b.read(p2, off); err != nil {
+				if err := b.read(ctx, p2, off); err != nil {
 					return err
 				}
 				if at := firstDifference(p1, p2); at >= 0 {
@@ -180,7 +180,7 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 			if alloc2 {
 				s = b
 			}
-			if err := checkEmpty(s, buf1[:chunk], off, say); err != nil {
+			if err := checkEmpty(ctx, s, buf1[:chunk], off, say); err != nil {
 				return err
 			}
 		}
@@ -197,13 +197,13 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			st, chunk, err := over.status(off, progressBase-off)
+			st, chunk, err := over.status(ctx, off, progressBase-off)
 			if err != nil {
 				return exitWith(compareStatFailed, fmt.Errorf("Sector allocation test failed for %s", over.name))
 			}
 			if st&statusAllocated != 0 && st&statusZero == 0 {
 				chunk = min(chunk, compareBuf)
-				if err := checkEmpty(over, buf1[:chunk], off, say); err != nil {
+				if err := checkEmpty(ctx, over, buf1[:chunk], off, say); err != nil {
 					return err
 				}
 			}
@@ -217,8 +217,8 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 
 // checkEmpty is qemu-img's check_empty_sectors: [off, off+len(buf)) of s
 // must read as zeros.
-func checkEmpty(s *compareSide, buf []byte, off int64, say func(string, ...any)) error {
-	if err := s.read(buf, off); err != nil {
+func checkEmpty(ctx context.Context, s *compareSide, buf []byte, off int64, say func(string, ...any)) error {
+	if err := s.read(ctx, buf, off); err != nil {
 		return err
 	}
 	for i := 0; i < len(buf); i += 512 {

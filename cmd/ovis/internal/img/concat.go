@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -39,7 +40,7 @@ func (c *concat) part(off int64) int {
 	return sort.Search(len(c.parts), func(i int) bool { return c.starts[i+1] > off })
 }
 
-func (c *concat) ReadAt(p []byte, off int64) (int, error) {
+func (c *concat) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := block.CheckRange(off, int64(len(p)), c.Size()); err != nil {
 		return 0, err
 	}
@@ -51,7 +52,7 @@ func (c *concat) ReadAt(p []byte, off int64) (int, error) {
 		q := p[done:min(len(p), done+int(c.starts[i+1]-at))]
 		have := max(0, min(int64(len(q)), c.parts[i].Size()-rel))
 		if have > 0 {
-			if _, err := c.parts[i].ReadAt(q[:have], rel); err != nil {
+			if _, err := c.parts[i].ReadAt(ctx, q[:have], rel); err != nil {
 				return done, err
 			}
 		}
@@ -61,31 +62,43 @@ func (c *concat) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// Extent describes a run that stays inside one part; the padding after a
-// part reads as an unallocated hole.
-func (c *concat) Extent(off, n int64) (block.Extent, error) {
-	if err := block.CheckRange(off, n, c.Size()); err != nil || n == 0 {
-		return block.Extent{}, err
+// Extents describes the parts' runs in turn, never merged across a
+// part's end; the padding after a part reads as an unallocated hole.
+func (c *concat) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
+	if err := block.CheckRange(off, n, c.Size()); err != nil {
+		return dst, err
 	}
-	i := c.part(off)
-	rel, partSize := off-c.starts[i], c.parts[i].Size()
-	n = min(n, c.starts[i+1]-off)
-	if rel >= partSize {
-		return block.Extent{Length: n, Status: block.StatusHole | block.StatusZero}, nil
+	for end := off + n; off < end; {
+		i := c.part(off)
+		rel, partSize := off-c.starts[i], c.parts[i].Size()
+		k := min(end, c.starts[i+1]) - off
+		if rel >= partSize {
+			dst = block.AppendExtent(dst, block.Extent{Length: k, Status: block.StatusHole | block.StatusZero})
+			off += k
+			continue
+		}
+		k = min(k, partSize-rel)
+		runs, err := c.parts[i].Extents(ctx, rel, k, nil)
+		if err != nil {
+			return dst, fmt.Errorf("source %d: %w", i+1, err)
+		}
+		// Runs of different parts stay apart, as the parts are.
+		dst = append(dst, runs...)
+		off += k
 	}
-	e, err := c.parts[i].Extent(rel, min(n, partSize-rel))
-	if err != nil {
-		return e, fmt.Errorf("source %d: %w", i+1, err)
-	}
-	return e, nil
+	return dst, nil
 }
 
 func (c *concat) Size() int64 { return c.starts[len(c.parts)] }
 
-func (c *concat) WriteAt([]byte, int64, bool) (int, error)   { return 0, errConcatReadOnly }
-func (c *concat) WriteZeroes(int64, int64, bool, bool) error { return errConcatReadOnly }
-func (c *concat) Discard(int64, int64) error                 { return errConcatReadOnly }
-func (c *concat) Flush() error                               { return nil }
+func (c *concat) WriteAt(context.Context, []byte, int64, block.Flags) (int, error) {
+	return 0, errConcatReadOnly
+}
+func (c *concat) WriteZeroes(context.Context, int64, int64, block.Flags) error {
+	return errConcatReadOnly
+}
+func (c *concat) Discard(context.Context, int64, int64, block.Flags) error { return errConcatReadOnly }
+func (c *concat) Flush(context.Context) error                              { return nil }
 
 // Close closes every part and returns the first error.
 func (c *concat) Close() error {

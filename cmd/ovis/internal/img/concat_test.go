@@ -46,14 +46,14 @@ func TestConcat(t *testing.T) {
 				continue
 			}
 			got := bytes.Repeat([]byte{0xee}, n)
-			if _, err := c.ReadAt(got, int64(off)); err != nil {
+			if _, err := c.ReadAt(ctx, got, int64(off)); err != nil {
 				t.Fatalf("ReadAt(%d, %d): %v", off, n, err)
 			}
 			if !bytes.Equal(got, model[off:off+n]) {
 				t.Fatalf("ReadAt(%d, %d) differs from the model", off, n)
 			}
 		}
-		e, err := c.Extent(int64(off), int64(len(model)-off))
+		e, err := block.FirstExtent(ctx, c, int64(off), int64(len(model)-off))
 		if err != nil || e.Length <= 0 {
 			t.Fatalf("Extent(%d) = %+v, %v", off, e, err)
 		}
@@ -70,10 +70,10 @@ func TestConcat(t *testing.T) {
 			t.Fatalf("Extent(%d) = %+v on padding", off, e)
 		}
 	}
-	if _, err := c.ReadAt(make([]byte, 2), c.Size()-1); err == nil {
+	if _, err := c.ReadAt(ctx, make([]byte, 2), c.Size()-1); err == nil {
 		t.Fatal("ReadAt past the end succeeded")
 	}
-	if _, err := c.WriteAt([]byte{1}, 0, false); err == nil {
+	if _, err := c.WriteAt(ctx, []byte{1}, 0, 0); err == nil {
 		t.Fatal("WriteAt succeeded on concatenated sources")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -228,7 +229,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		if w == nil {
 			w = os.Stderr
 		}
-		if err := repairDirty(block.Unwrap(dst), cfg.Dest, w); err != nil {
+		if err := repairDirty(ctx, block.Unwrap(dst), cfg.Dest, w); err != nil {
 			dst.Close()
 			return err
 		}
@@ -275,7 +276,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
 	}
 	if err == nil && cfg.Bitmaps {
-		err = copyBitmaps(cfg, src, outFmt, cache)
+		err = copyBitmaps(ctx, cfg, src, outFmt, cache)
 	}
 	return err
 }
@@ -302,7 +303,7 @@ func checkBitmaps(cfg ConvertConfig, src block.Device) error {
 
 // copyBitmaps adds the source's consistent bitmaps to the finished output,
 // with their granularity, enabled state and bits.
-func copyBitmaps(cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
+func copyBitmaps(ctx context.Context, cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
 	simg := src.(*qcow2.Image) // checkBitmaps made sure
 	dev, err := openTarget(cfg.Dest, outFmt, true, cache)
 	if err != nil {
@@ -318,16 +319,16 @@ func copyBitmaps(cfg ConvertConfig, src block.Device, outFmt string, cache block
 			err = fmt.Errorf("Failed to create bitmap %s: Can't store persistent bitmaps to %s: Operation not supported", b.Name, cfg.Dest)
 			break
 		}
-		if err = dst.AddBitmap(b.Name, b.Granularity, !b.Auto); err != nil {
+		if err = dst.AddBitmap(ctx, b.Name, b.Granularity, !b.Auto); err != nil {
 			err = fmt.Errorf("Failed to create bitmap %s: %s", b.Name, bitmapReason(err))
 			break
 		}
 		bits, g, rerr := simg.BitmapBits(b.Name)
 		if rerr == nil {
-			rerr = dst.MergeBitmap(b.Name, bits, g)
+			rerr = dst.MergeBitmap(ctx, b.Name, bits, g)
 		}
 		if rerr != nil {
-			dst.RemoveBitmap(b.Name)
+			dst.RemoveBitmap(ctx, b.Name)
 			err = fmt.Errorf("Failed to populate bitmap %s: %s", b.Name, bitmapReason(rerr))
 			break
 		}
@@ -568,7 +569,7 @@ func openTarget(path, format string, existing bool, cache block.CacheMode) (bloc
 	if cache.IgnoreFlush() {
 		return dev, nil // syncs are dropped already; keep the engine's type
 	}
-	return block.WithCacheMode(dev, cache), nil
+	return export.WithCacheMode(dev, cache), nil
 }
 
 // noSyncFile is a file whose Sync does nothing: QEMU's cache.no-flush,

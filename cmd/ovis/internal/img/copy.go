@@ -223,7 +223,7 @@ func (c *copier) run(ctx context.Context) error {
 					pool <- buf
 					return
 				}
-				w, err := c.prepare(j, buf, comps)
+				w, err := c.prepare(ctx, j, buf, comps)
 				if err != nil {
 					pool <- buf
 					fail(err)
@@ -255,7 +255,7 @@ func (c *copier) run(ctx context.Context) error {
 	if first != nil {
 		return first
 	}
-	if err := c.dst.Flush(); err != nil {
+	if err := c.dst.Flush(ctx); err != nil {
 		return fmt.Errorf("error while flushing the output: %w", err)
 	}
 	return nil
@@ -349,9 +349,9 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 			return err
 		}
 		want := min(ask, size-off)
-		e, err := c.src.Extent(off, want)
+		e, err := block.FirstExtent(ctx, c.src, off, want)
 		if err != nil && c.salvage {
-			e, err = c.salvageExtent(off, want, err), nil
+			e, err = c.salvageExtent(ctx, off, want, err), nil
 		}
 		if err != nil {
 			return fmt.Errorf("error while reading block status at offset %d: %w", off, err)
@@ -371,7 +371,7 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 		}
 		k := c.classify(e, off)
 		if k == kindData && c.qprog != nil {
-			end = c.hostRun(off, end)
+			end = c.hostRun(ctx, off, end)
 		}
 		if cs := c.clusterSize; c.compressed != nil {
 			// off is cluster aligned here.
@@ -396,12 +396,12 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 // block status cuts it, so that the progress steps fall where qemu-img's
 // do: where the clusters stop being contiguous in the host file, and
 // after each compressed cluster.
-func (c *copier) hostRun(off, end int64) int64 {
+func (c *copier) hostRun(ctx context.Context, off, end int64) int64 {
 	img, ok := c.src.(*qcow2.Image)
 	if !ok {
 		return end
 	}
-	m, err := img.MapAt(off, end-off)
+	m, err := img.MapAt(ctx, off, end-off)
 	if err != nil || m.Length <= 0 {
 		return end
 	}
@@ -461,16 +461,16 @@ func (c *copier) emit(ctx context.Context, jobs chan<- job, k kind, off, end int
 
 // prepare does the reading part of a job into buf (and with compression,
 // the compressing, with a compressor from comps) and returns its writes.
-func (c *copier) prepare(j job, buf []byte, comps chan *qcow2.Compressor) (write, error) {
+func (c *copier) prepare(ctx context.Context, j job, buf []byte, comps chan *qcow2.Compressor) (write, error) {
 	w := write{seq: j.seq, n: j.n, buf: buf}
 	switch {
 	case j.kind == kindZero:
 		w.run = func(ctx context.Context) error { return c.zero(ctx, j.off, j.n) }
 		return w, nil
 	case c.compressed != nil:
-		return c.prepareCompressed(j, w, comps)
+		return c.prepareCompressed(ctx, j, w, comps)
 	}
-	return c.prepareData(j, w)
+	return c.prepareData(ctx, j, w)
 }
 
 // zero makes [off, off+n) of the output read as zeros, unless it does
@@ -484,9 +484,9 @@ func (c *copier) zero(ctx context.Context, off, n int64) error {
 	}
 	at, m := off, n
 	if c.ordered {
-		at, m = c.widenZero(off, n)
+		at, m = c.widenZero(ctx, off, n)
 	}
-	if err := c.dst.WriteZeroes(at, m, c.minSparse > 0, false); err != nil {
+	if err := c.dst.WriteZeroes(ctx, at, m, block.ZeroFlags(c.minSparse > 0, false)); err != nil {
 		return fmt.Errorf("error while writing at byte %d: %w", off, err)
 	}
 	return nil
@@ -499,7 +499,7 @@ func (c *copier) zero(ctx context.Context, off, n int64) error {
 // (e.g. where the output's backing file ends inside a cluster). Only for
 // ordered writes: the rest is looked at before the write is made, which
 // is safe only while no other write can land in between.
-func (c *copier) widenZero(off, n int64) (int64, int64) {
+func (c *copier) widenZero(ctx context.Context, off, n int64) (int64, int64) {
 	img, ok := block.Unwrap(c.dst).(*qcow2.Image)
 	if !ok {
 		return off, n
@@ -513,7 +513,7 @@ func (c *copier) widenZero(off, n int64) (int64, int64) {
 		sub /= 32
 	}
 	readsZero := func(at, l int64) bool {
-		e, err := img.Extent(at, l)
+		e, err := block.FirstExtent(ctx, img, at, l)
 		return err == nil && e.Length >= l && e.Status&block.StatusZero != 0 &&
 			(e.Depth != 1 || e.Status&block.StatusHole != 0)
 	}
@@ -527,8 +527,8 @@ func (c *copier) widenZero(off, n int64) (int64, int64) {
 	return off, n
 }
 
-func (c *copier) read(p []byte, off int64) error {
-	_, err := c.src.ReadAt(p, off)
+func (c *copier) read(ctx context.Context, p []byte, off int64) error {
+	_, err := c.src.ReadAt(ctx, p, off)
 	switch {
 	case err == nil:
 		return nil
@@ -539,7 +539,7 @@ func (c *copier) read(p []byte, off int64) error {
 	// a time, and zero the sectors that still fail.
 	for i := 0; i < len(p); i += 512 {
 		q := p[i:min(i+512, len(p))]
-		if _, err := c.src.ReadAt(q, off+int64(i)); err != nil {
+		if _, err := c.src.ReadAt(ctx, q, off+int64(i)); err != nil {
 			c.warnf("error while reading offset %d: %s", off+int64(i), strerror(err))
 			clear(q)
 		}
@@ -551,11 +551,11 @@ func (c *copier) read(p []byte, off int64) error {
 // failed with err: it asks for a quarter as much until one sector is
 // left, which is then taken as data (to be read, and zeroed if that fails
 // too).
-func (c *copier) salvageExtent(off, want int64, err error) block.Extent {
+func (c *copier) salvageExtent(ctx context.Context, off, want int64, err error) block.Extent {
 	for n := want; n > 512; {
 		n = (n/512 + 3) / 4 * 512
 		var e block.Extent
-		if e, err = c.src.Extent(off, n); err == nil {
+		if e, err = block.FirstExtent(ctx, c.src, off, n); err == nil {
 			return e
 		}
 	}
@@ -572,7 +572,7 @@ type span struct {
 // prepareData reads one data range and splits it into the data to write
 // and its all-zero runs of at least minSparse bytes, which are zeroed
 // instead. Under -C the range is copied in the kernel when it can be.
-func (c *copier) prepareData(j job, w write) (write, error) {
+func (c *copier) prepareData(ctx context.Context, j job, w write) (write, error) {
 	off, p := j.off, w.buf[:j.n]
 	if c.copyRange && !c.noOffload.Load() {
 		src, ok1 := c.src.(*block.Raw)
@@ -584,7 +584,7 @@ func (c *copier) prepareData(j job, w write) (write, error) {
 			return w, nil
 		}
 	}
-	if err := c.read(p, off); err != nil {
+	if err := c.read(ctx, p, off); err != nil {
 		return w, err
 	}
 	spans := c.spans(p, off)
@@ -607,7 +607,7 @@ func (c *copier) offload(ctx context.Context, dst, src *block.Raw, p []byte, off
 		return fmt.Errorf("error while writing at byte %d: %w", off, err)
 	}
 	c.noOffload.Store(true)
-	if err := c.read(p, off); err != nil {
+	if err := c.read(ctx, p, off); err != nil {
 		return err
 	}
 	return c.writeSpans(ctx, p, off, c.spans(p, off))
@@ -720,7 +720,7 @@ func (c *copier) writeSpans(ctx context.Context, p []byte, off int64, spans []sp
 		if err := c.rate.wait(ctx, int64(s.to-s.from)); err != nil {
 			return err
 		}
-		if _, err := c.dst.WriteAt(p[s.from:s.to], at, false); err != nil {
+		if _, err := c.dst.WriteAt(ctx, p[s.from:s.to], at, 0); err != nil {
 			return fmt.Errorf("error while writing at byte %d: %w", at, err)
 		}
 	}
@@ -732,7 +732,7 @@ func (c *copier) writeSpans(ctx context.Context, p []byte, off int64, spans []sp
 // only store them (or zero all-zero clusters), so that an ordered copy's
 // one writer does not compress. The last cluster may be short: it ends
 // with the output.
-func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor) (write, error) {
+func (c *copier) prepareCompressed(ctx context.Context, j job, w write, comps chan *qcow2.Compressor) (write, error) {
 	cs := c.clusterSize
 	srcSize, dstSize := c.src.Size(), c.dst.Size()
 	n := min(j.n, dstSize-j.off)
@@ -740,7 +740,7 @@ func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor)
 	// compressSlack (see run).
 	p, zbuf := w.buf[:n], w.buf[(len(w.buf)-int(cs)-compressSlack)/2:]
 	have := max(0, min(n, srcSize-j.off))
-	if err := c.read(p[:have], j.off); err != nil {
+	if err := c.read(ctx, p[:have], j.off); err != nil {
 		return w, err
 	}
 	clear(p[have:])
@@ -779,7 +779,7 @@ func (c *copier) prepareCompressed(j job, w write, comps chan *qcow2.Compressor)
 			if err := c.rate.wait(ctx, int64(len(cl.q))); err != nil {
 				return err
 			}
-			if err := c.compressed.WritePrecompressed(cl.z, cl.q, off); err != nil {
+			if err := c.compressed.WritePrecompressed(ctx, cl.z, cl.q, off); err != nil {
 				return fmt.Errorf("error while writing compressed cluster at byte %d: %w", off, err)
 			}
 		}

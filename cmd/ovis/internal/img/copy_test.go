@@ -36,7 +36,7 @@ func (d *fakeDev) pause() {
 	}
 }
 
-func (d *fakeDev) ReadAt(p []byte, off int64) (int, error) {
+func (d *fakeDev) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	d.pause()
 	for i := range p {
 		if (off+int64(i))>>20&1 == 0 {
@@ -48,7 +48,7 @@ func (d *fakeDev) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-func (d *fakeDev) WriteAt(p []byte, off int64, fua bool) (int, error) {
+func (d *fakeDev) WriteAt(_ context.Context, p []byte, off int64, _ block.Flags) (int, error) {
 	d.pause()
 	d.mu.Lock()
 	d.data[off] = append([]byte(nil), p...)
@@ -56,13 +56,20 @@ func (d *fakeDev) WriteAt(p []byte, off int64, fua bool) (int, error) {
 	return len(p), nil
 }
 
-func (d *fakeDev) WriteZeroes(off, n int64, mayUnmap, fua bool) error { d.pause(); return nil }
-func (d *fakeDev) Discard(off, n int64) error                         { return nil }
-func (d *fakeDev) Flush() error                                       { return nil }
-func (d *fakeDev) Size() int64                                        { return d.size }
-func (d *fakeDev) Close() error                                       { return nil }
+func (d *fakeDev) WriteZeroes(context.Context, int64, int64, block.Flags) error {
+	d.pause()
+	return nil
+}
+func (d *fakeDev) Discard(context.Context, int64, int64, block.Flags) error { return nil }
+func (d *fakeDev) Flush(context.Context) error                              { return nil }
+func (d *fakeDev) Size() int64                                              { return d.size }
+func (d *fakeDev) Close() error                                             { return nil }
 
-func (d *fakeDev) Extent(off, n int64) (block.Extent, error) {
+func (d *fakeDev) Extents(_ context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
+	return block.AppendRuns(off, n, dst, d.extent)
+}
+
+func (d *fakeDev) extent(off, n int64) (block.Extent, error) {
 	d.pause()
 	end := min((off>>20+1)<<20, off+n)
 	if off>>20&1 == 0 {

@@ -143,10 +143,10 @@ func ddCopy(ctx context.Context, src, dst block.Device, pos, end int64) error {
 			return err
 		}
 		n := min(int64(len(buf)), end-pos)
-		if _, err := src.ReadAt(buf[:n], pos); err != nil {
+		if _, err := src.ReadAt(ctx, buf[:n], pos); err != nil {
 			return fmt.Errorf("error while reading from input image file: %s", strerror(err))
 		}
-		if _, err := dst.WriteAt(buf[:n], out, false); err != nil {
+		if _, err := dst.WriteAt(ctx, buf[:n], out, 0); err != nil {
 			return fmt.Errorf("error while writing to output image file: %s", strerror(err))
 		}
 		pos += n

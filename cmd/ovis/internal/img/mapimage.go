@@ -2,6 +2,7 @@ package img
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"math"
@@ -55,7 +56,7 @@ func (e *mapEntry) mergeable(next *mapEntry) bool {
 // equal status from the layer that decides them, merged when they
 // continue one another, as JSON lines or as qemu-img's human table (which
 // lists only data and fails on compressed clusters, as qemu-img's does).
-func Map(cfg MapConfig, stdout io.Writer) error {
+func Map(ctx context.Context, cfg MapConfig, stdout io.Writer) error {
 	var start int64
 	maxLen := int64(-1)
 	var err error
@@ -98,7 +99,7 @@ func Map(cfg MapConfig, stdout io.Writer) error {
 	curr := mapEntry{start: start, offset: -1}
 	for curr.start+curr.length < length {
 		off := curr.start + curr.length
-		m, err := mapper.MapAt(off, length-off)
+		m, err := mapper.MapAt(ctx, off, length-off)
 		if err != nil {
 			return fmt.Errorf("Could not read file metadata: %s", strerror(err))
 		}
@@ -185,11 +186,11 @@ type tailMapper struct {
 	size int64
 }
 
-func (t tailMapper) MapAt(off, n int64) (block.MapExtent, error) {
+func (t tailMapper) MapAt(ctx context.Context, off, n int64) (block.MapExtent, error) {
 	if off < t.size {
-		return t.Mapper.MapAt(off, min(n, t.size-off))
+		return t.Mapper.MapAt(ctx, off, min(n, t.size-off))
 	}
-	m, err := t.Mapper.MapAt(t.size-1, 1)
+	m, err := t.Mapper.MapAt(ctx, t.size-1, 1)
 	if err != nil {
 		return m, err
 	}

@@ -57,7 +57,7 @@ func (s *measureSource) dataBytes(ctx context.Context, cs uint64) (uint64, error
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
-		e, err := s.m.MapAt(off, s.size-off)
+		e, err := s.m.MapAt(ctx, off, s.size-off)
 		if err != nil {
 			return 0, fmt.Errorf("Unable to get block status: %s", strerror(err))
 		}

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -117,7 +118,7 @@ func sourceCache(mode string) (func(string, bool) (block.File, error), error) {
 // warn when a probed format turns out raw. A dirty qcow2 image (lazy
 // refcounts) is repaired, its messages on warn, as qcow2_open does on every
 // read-write open but one for check.
-func openWritable(filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
+func openWritable(ctx context.Context, filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
 	dev, err := openImage(filename, format, o)
 	if err != nil || o.ReadOnly {
 		return dev, err
@@ -128,7 +129,7 @@ func openWritable(filename, format string, o qcow2.Options, warn io.Writer) (blo
 		}
 	}
 	if !o.ForCheck {
-		if err := repairDirty(dev, filename, warn); err != nil {
+		if err := repairDirty(ctx, dev, filename, warn); err != nil {
 			dev.Close()
 			return nil, err
 		}

@@ -53,7 +53,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 	prog := newQemuProgress(cfg.Progress, stdout, 2)
 	defer prog.end()
 	prog.print(0, 100)
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{NoBacking: cfg.Unsafe}, stderr)
+	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{NoBacking: cfg.Unsafe}, stderr)
 	if err != nil {
 		return err
 	}
@@ -69,7 +69,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 	if err == nil {
 		// While the image is still open, and so locked: no other
 		// process can open it between the copy and the header change.
-		err = changeBacking(dev, cfg)
+		err = changeBacking(ctx, dev, cfg)
 	}
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
@@ -83,7 +83,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 
 // changeBacking names the new backing file in the header of the open
 // image, once what rebaseCopy wrote is durable.
-func changeBacking(dev block.Device, cfg RebaseConfig) error {
+func changeBacking(ctx context.Context, dev block.Device, cfg RebaseConfig) error {
 	name := cfg.Backing
 	img, ok := dev.(*qcow2.Image)
 	if !ok {
@@ -96,10 +96,10 @@ func changeBacking(dev block.Device, cfg RebaseConfig) error {
 	if name == "" {
 		format = ""
 	}
-	if err := img.Flush(); err != nil {
+	if err := img.Flush(ctx); err != nil {
 		return err
 	}
-	if err := setBackingOpen(img, name, format); err != nil {
+	if err := setBackingOpen(ctx, img, name, format); err != nil {
 		if errors.Is(err, errNoHeaderRoom) {
 			return fmt.Errorf("Could not change the backing file to '%s': No space left in the file header", name)
 		}
@@ -109,7 +109,7 @@ func changeBacking(dev block.Device, cfg RebaseConfig) error {
 }
 
 // setBackingOpen is setBacking on an open image, with its refusals.
-func setBackingOpen(img *qcow2.Image, name, format string) error {
+func setBackingOpen(ctx context.Context, img *qcow2.Image, name, format string) error {
 	if name != "" && len(name) > 1023 {
 		return fmt.Errorf("backing file name of %d bytes: %w", len(name), errors.ErrUnsupported)
 	}
@@ -121,7 +121,7 @@ func setBackingOpen(img *qcow2.Image, name, format string) error {
 	if _, err := h.Encode(); err != nil {
 		return errNoHeaderRoom
 	}
-	return img.SetBacking(name, format)
+	return img.SetBacking(ctx, name, format)
 }
 
 // rebaseCopy is the safe part of rebase: it copies into dev what would
@@ -163,7 +163,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 			return err
 		}
 		n := min(compareBuf, size-off)
-		e, err := img.Extent(off, n)
+		e, err := block.FirstExtent(ctx, img, off, n)
 		if err != nil {
 			return fmt.Errorf("error while reading image metadata: %s", strerror(err))
 		}
@@ -173,7 +173,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 			continue
 		}
 		if prefix >= 0 {
-			m, err := img.MapAt(off, n)
+			m, err := img.MapAt(ctx, off, n)
 			if err != nil {
 				return fmt.Errorf("error while reading image metadata: %s", strerror(err))
 			}
@@ -191,7 +191,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 		oldZero := off >= oldSize
 		if !oldZero {
 			n = min(n, oldSize-off)
-			if err := readPadded(oldBacking, bufOld[:n], off); err != nil {
+			if err := readPadded(ctx, oldBacking, bufOld[:n], off); err != nil {
 				return errors.New("error while reading from old backing file")
 			}
 		} else {
@@ -201,7 +201,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 			clear(bufNew[:n])
 		} else {
 			n = min(n, newSize-off)
-			if err := readPadded(newBacking, bufNew[:n], off); err != nil {
+			if err := readPadded(ctx, newBacking, bufNew[:n], off); err != nil {
 				return errors.New("error while reading from new backing file")
 			}
 		}
@@ -210,9 +210,9 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 			if differ {
 				var err error
 				if oldZero {
-					err = zeroLikeQemu(img, off+done, run)
+					err = zeroLikeQemu(ctx, img, off+done, run)
 				} else {
-					_, err = img.WriteAt(bufOld[done:done+run], off+done, false)
+					_, err = img.WriteAt(ctx, bufOld[done:done+run], off+done, 0)
 				}
 				if err != nil {
 					return fmt.Errorf("Error while writing to COW image: %s", strerror(err))
@@ -231,7 +231,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 // covered only in part gets it whole too when the rest of it reads zeros
 // already and it holds no data of its own, and is otherwise written with
 // zeros there.
-func zeroLikeQemu(img *qcow2.Image, off, n int64) error {
+func zeroLikeQemu(ctx context.Context, img *qcow2.Image, off, n int64) error {
 	h := img.Header()
 	sub := h.ClusterSize()
 	if h.ExtendedL2() {
@@ -240,7 +240,7 @@ func zeroLikeQemu(img *qcow2.Image, off, n int64) error {
 	size, end := img.Size(), off+n
 	if h.Version < 3 {
 		// No zero flag: zeros are written out.
-		return img.WriteZeroes(off, n, false, false)
+		return img.WriteZeroes(ctx, off, n, block.NoUnmap)
 	}
 	for pos := off; pos < end; {
 		s0 := pos &^ (sub - 1)
@@ -251,21 +251,21 @@ func zeroLikeQemu(img *qcow2.Image, off, n int64) error {
 			if end == size {
 				last = end
 			}
-			if err := img.WriteZeroes(pos, last-pos, false, false); err != nil {
+			if err := img.WriteZeroes(ctx, pos, last-pos, block.NoUnmap); err != nil {
 				return err
 			}
 			pos = last
 			continue
 		}
 		fe := min(end, s1)
-		widen, err := zeroRest(img, s0, pos, fe, s1)
+		widen, err := zeroRest(ctx, img, s0, pos, fe, s1)
 		if err != nil {
 			return err
 		}
 		if widen {
-			err = img.WriteZeroes(s0, s1-s0, false, false)
+			err = img.WriteZeroes(ctx, s0, s1-s0, block.NoUnmap)
 		} else {
-			err = img.WriteZeroes(pos, fe-pos, false, false)
+			err = img.WriteZeroes(ctx, pos, fe-pos, block.NoUnmap)
 		}
 		if err != nil {
 			return err
@@ -278,8 +278,8 @@ func zeroLikeQemu(img *qcow2.Image, off, n int64) error {
 // zeroRest reports whether the (sub)cluster [s0, s1) of img holds no data
 // of its own and reads zeros outside [pos, fe): QEMU's condition for
 // giving it the zero flag whole.
-func zeroRest(img *qcow2.Image, s0, pos, fe, s1 int64) (bool, error) {
-	m, err := img.MapAt(s0, s1-s0)
+func zeroRest(ctx context.Context, img *qcow2.Image, s0, pos, fe, s1 int64) (bool, error) {
+	m, err := img.MapAt(ctx, s0, s1-s0)
 	if err != nil {
 		return false, err
 	}
@@ -288,7 +288,7 @@ func zeroRest(img *qcow2.Image, s0, pos, fe, s1 int64) (bool, error) {
 	}
 	for _, r := range [][2]int64{{s0, pos}, {fe, s1}} {
 		for o := r[0]; o < r[1]; {
-			m, err := img.MapAt(o, r[1]-o)
+			m, err := img.MapAt(ctx, o, r[1]-o)
 			if err != nil {
 				return false, err
 			}
@@ -328,10 +328,10 @@ func sectorSize(d block.Device) int64 {
 
 // readPadded reads p at off, the part past the end of a raw file's partial
 // last sector as zeros.
-func readPadded(d block.Device, p []byte, off int64) error {
+func readPadded(ctx context.Context, d block.Device, p []byte, off int64) error {
 	have := max(0, min(int64(len(p)), d.Size()-off))
 	if have > 0 {
-		if _, err := d.ReadAt(p[:have], off); err != nil && err != io.EOF {
+		if _, err := d.ReadAt(ctx, p[:have], off); err != nil && err != io.EOF {
 			return err
 		}
 	}

@@ -59,7 +59,7 @@ func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) err
 			"Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n" +
 			"and exabytes, respectively.")
 	}
-	dev, err := openWritable(cfg.Filename, cfg.Format, qcow2.Options{Resize: true}, stderr)
+	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{Resize: true}, stderr)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func resizeDevice(ctx context.Context, dev block.Device, cfg ResizeConfig, curre
 		if total%512 != 0 {
 			return errors.New("The new size must be a multiple of 512")
 		}
-		if err := d.ResizeContext(ctx, total, cfg.Shrink, prealloc); err != nil {
+		if err := d.Resize(ctx, total, cfg.Shrink, prealloc); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package img
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -46,9 +47,9 @@ const snapshotNameMax = 255
 // qemu-img snapshot does. The list is qemu-img's table; a new snapshot
 // gets the next free numeric ID and the current time; delete looks the
 // snapshot up by name, apply by ID and then name, as QEMU does.
-func Snapshot(cfg SnapshotConfig, stdout, stderr io.Writer) error {
+func Snapshot(ctx context.Context, cfg SnapshotConfig, stdout, stderr io.Writer) error {
 	ro := cfg.Action == SnapshotList
-	dev, err := openWritable(cfg.Filename, "", qcow2.Options{ReadOnly: ro}, stderr)
+	dev, err := openWritable(ctx, cfg.Filename, "", qcow2.Options{ReadOnly: ro}, stderr)
 	if err != nil {
 		return err
 	}
@@ -58,14 +59,14 @@ func Snapshot(cfg SnapshotConfig, stdout, stderr io.Writer) error {
 		// layer, and warns again.
 		rawProbeWarning(stderr, cfg.Filename)
 	}
-	err = snapshotOn(img, cfg, stdout, stderr)
+	err = snapshotOn(ctx, img, cfg, stdout, stderr)
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	return err
 }
 
-func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) error {
+func snapshotOn(ctx context.Context, img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) error {
 	switch cfg.Action {
 	case SnapshotList:
 		if img == nil || len(img.Snapshots()) == 0 {
@@ -96,7 +97,7 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) 
 		if len(name) > snapshotNameMax {
 			name = name[:snapshotNameMax]
 		}
-		if err := img.CreateSnapshot("", name, uint32(t.Unix()), uint32(t.Nanosecond()/1000*1000)); err != nil {
+		if err := img.CreateSnapshot(ctx, "", name, uint32(t.Unix()), uint32(t.Nanosecond()/1000*1000)); err != nil {
 			corruptionMessage(err, stderr)
 			// qemu-img prints the errno bdrv_snapshot_create returned.
 			var errno syscall.Errno
@@ -109,7 +110,7 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) 
 		if img == nil {
 			return fmt.Errorf("Could not apply snapshot '%s': Block driver does not support snapshots", cfg.Name)
 		}
-		if err := img.ApplySnapshot(cfg.Name); err != nil {
+		if err := img.ApplySnapshot(ctx, cfg.Name); err != nil {
 			corruptionMessage(err, stderr)
 			if errors.Is(err, qcow2.ErrSnapshotNotFound) {
 				return fmt.Errorf("Could not apply snapshot '%s': Failed to load snapshot: No such file or directory", cfg.Name)
@@ -134,7 +135,7 @@ func snapshotOn(img *qcow2.Image, cfg SnapshotConfig, stdout, stderr io.Writer) 
 		if id == "" {
 			return fmt.Errorf("Could not delete snapshot '%s': snapshot not found", cfg.Name)
 		}
-		if err := img.DeleteSnapshot(id); err != nil {
+		if err := img.DeleteSnapshot(ctx, id); err != nil {
 			corruptionMessage(err, stderr)
 			var errno syscall.Errno
 			if errors.As(err, &errno) {

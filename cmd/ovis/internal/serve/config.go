@@ -11,6 +11,7 @@ import (
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -31,16 +32,20 @@ const (
 	maxNameLen = 4096
 )
 
-// Discard is what a TRIM does to the image (qemu-nbd --discard).
-type Discard uint8
+// Discard and DetectZeroes are the export middleware's policies, under
+// qemu-nbd's option names.
+type (
+	Discard      = export.Discard
+	DetectZeroes = export.DetectZeroes
+)
 
+// The values of --discard and --detect-zeroes.
 const (
-	// DiscardIgnore makes TRIM a successful no-op; zero writes may still
-	// unmap when the client allows it, as under qemu-nbd. qemu-nbd's
-	// default.
-	DiscardIgnore Discard = iota
-	// DiscardUnmap passes TRIM and unmapping zero writes to the image.
-	DiscardUnmap
+	DiscardIgnore     = export.DiscardIgnore
+	DiscardUnmap      = export.DiscardUnmap
+	DetectZeroesOff   = export.DetectZeroesOff
+	DetectZeroesOn    = export.DetectZeroesOn
+	DetectZeroesUnmap = export.DetectZeroesUnmap
 )
 
 // ParseDiscard parses --discard's values as QEMU does: ignore (or off)
@@ -56,29 +61,6 @@ func ParseDiscard(s string) (Discard, error) {
 	return 0, fmt.Errorf("Invalid discard mode `%s'", s)
 }
 
-// String returns the option value.
-func (d Discard) String() string {
-	if d == DiscardUnmap {
-		return "unmap"
-	}
-	return "ignore"
-}
-
-// DetectZeroes is what happens to writes whose payload is all zeros
-// (qemu-nbd --detect-zeroes).
-type DetectZeroes uint8
-
-const (
-	// DetectZeroesOff writes zeros as data. The default.
-	DetectZeroesOff DetectZeroes = iota
-	// DetectZeroesOn turns them into zero writes that keep the range
-	// allocated.
-	DetectZeroesOn
-	// DetectZeroesUnmap turns them into zero writes that may deallocate
-	// the range. It needs DiscardUnmap.
-	DetectZeroesUnmap
-)
-
 // ParseDetectZeroes parses --detect-zeroes's values: off, on, unmap. Any
 // other value is qemu-nbd's error.
 func ParseDetectZeroes(s string) (DetectZeroes, error) {
@@ -91,17 +73,6 @@ func ParseDetectZeroes(s string) (DetectZeroes, error) {
 		return DetectZeroesUnmap, nil
 	}
 	return 0, fmt.Errorf("Failed to parse detect_zeroes mode: invalid parameter value: %s", s)
-}
-
-// String returns the option value.
-func (z DetectZeroes) String() string {
-	switch z {
-	case DetectZeroesOn:
-		return "on"
-	case DetectZeroesUnmap:
-		return "unmap"
-	}
-	return "off"
 }
 
 // ParseCacheMode parses --cache's values as qemu-nbd does, with its error

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -20,7 +22,7 @@ import (
 // and then the discard and detect-zeroes policy. It returns the format it
 // served and, for qcow2, the image itself (for its cache metrics). Errors
 // read as qemu-nbd's "Failed to blk_new_open" messages.
-func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
+func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Image, error) {
 	format := c.Format
 	if format == "qcow2" {
 		// QEMU's qcow2 driver refuses a file without the magic before
@@ -93,7 +95,7 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 	if image != nil && !o.ReadOnly && c.Warnings != nil {
 		// qemu-nbd repairs a dirty lazy-refcounts image when it opens it
 		// for writing, and prints the repair.
-		if err := img.RepairDirty(dev, display, c.Warnings); err != nil {
+		if err := img.RepairDirty(ctx, dev, display, c.Warnings); err != nil {
 			dev.Close()
 			return nil, "", nil, &msgError{msg: "Failed to blk_new_open " + strings.TrimPrefix(err.Error(), "Could not open ")}
 		}
@@ -104,8 +106,8 @@ func openDevice(c *Config) (block.Device, string, *qcow2.Image, error) {
 		// allowed to unmap) frees are punched in the host file too.
 		image.SetPassDiscardRequest(true)
 	}
-	dev = block.WithCacheMode(dev, c.Cache)
-	return withPolicy(dev, c.Discard, c.DetectZeroes), format, image, nil
+	dev = export.WithCacheMode(dev, c.Cache)
+	return export.WithPolicy(dev, c.Discard, c.DetectZeroes), format, image, nil
 }
 
 // openOverlay makes a qcow2 overlay in os.TempDir whose backing file is

@@ -42,7 +42,7 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
-	dev, format, img, err := openDevice(&c)
+	dev, format, img, err := openDevice(ctx, &c)
 	if err != nil {
 		return err
 	}
@@ -53,10 +53,10 @@ func Run(ctx context.Context, c Config) error {
 			m.watchImage(img, c.File)
 		}
 		// Outermost, so that it times what the client waits for.
-		dev = metricsDevice{Device: dev, m: m}
+		dev = m.Wrap(dev)
 	}
 	closeDev := func() error {
-		ferr := dev.Flush()
+		ferr := dev.Flush(context.Background())
 		cerr := dev.Close()
 		return errors.Join(ferr, cerr)
 	}
@@ -100,7 +100,7 @@ func Run(ctx context.Context, c Config) error {
 	}
 	var blockStatus func(int64, time.Duration, error)
 	if m != nil {
-		blockStatus = m.blockStatus
+		blockStatus = m.BlockStatus
 	}
 	srv, err := nbd.New(nbd.Config{
 		Exports: []nbd.Export{{

@@ -1,0 +1,7 @@
+package qcow2_test
+
+import "context"
+
+// ctx is the context of the tests' device calls: none of them is
+// cancelled.
+var ctx = context.Background()
