@@ -22,7 +22,9 @@ func (img *Image) Check(ctx context.Context, repair RepairMode) (*CheckResult, e
 	if repair != RepairNone && img.ro {
 		return nil, errReadOnly
 	}
-	img.gate.Lock()
+	if err := img.lockGate(ctx); err != nil {
+		return nil, err
+	}
 	defer img.gate.Unlock()
 	if !img.ro {
 		if err := img.flush(); err != nil {
