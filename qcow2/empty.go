@@ -21,8 +21,9 @@ import (
 //     shorter), a temporary empty L1 table, refcount table and refcount
 //     blocks are written and synced. They count only the header and
 //     themselves. The header still names the old tables, which nothing
-//     has touched; the new clusters are unreferenced and, lying past
-//     everything the old refcount blocks count, uncounted.
+//     has touched; the new clusters are unreferenced and, lying past the
+//     end of the file, counted 0 by the old refcount blocks, as every
+//     cluster there is on a sound image.
 //  2. The header is pointed at the temporary tables (one write of cluster
 //     0) and synced. The image now reads entirely from its backing file.
 //     Every old cluster, cluster 1 onwards, is unreferenced and counted 0:
