@@ -224,15 +224,19 @@ func (img *Image) Discard(ctx context.Context, off, n int64, f block.Flags) erro
 }
 
 // MakeEmpty drops every cluster of the image's active layer, so that it
-// reads from its backing file again (or as zeros without one): QEMU's
-// qcow2_make_empty where it cannot rebuild the file, a full discard of
-// every cluster. It works with internal snapshots (they keep their
-// clusters; only this layer's references go), bitmaps, external data
-// files and v2 images. L2 tables stay allocated, empty. Bitmaps are not
-// marked: once the data is committed below, what the image reads has not
-// changed. It stops once ctx is done, leaving the image partly emptied
-// (still consistent).
+// reads from its backing file again (or as zeros without one), as QEMU's
+// qcow2_make_empty does. Where QEMU rebuilds the file afresh (a version 3
+// image without snapshots, bitmaps or data file), so does MakeEmpty
+// (empty.go); otherwise it discards every cluster. That works with
+// internal snapshots (they keep their clusters; only this layer's
+// references go), bitmaps, external data files and v2 images. L2 tables
+// stay allocated, empty. Bitmaps are not marked: once the data is
+// committed below, what the image reads has not changed. It stops once
+// ctx is done, leaving the image partly emptied (still consistent).
 func (img *Image) MakeEmpty(ctx context.Context) error {
+	if done, err := img.emptyWhole(ctx); done || err != nil {
+		return err
+	}
 	img.gate.RLock()
 	defer img.gate.RUnlock()
 	if err := img.beginWrite(0, 0); err != nil {

@@ -62,23 +62,9 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	emptied, err := commit(ctx, dev, cfg, prog, newRateLimiter(rate))
-	var hold block.File
-	if err == nil && !cfg.Drop && !emptied {
-		// makeEmpty rebuilds the closed file; a second holder of the
-		// image's locks keeps other processes out until it is done.
-		hold, err = holdImageLock(cfg.Filename)
-	}
+	err = commit(ctx, dev, cfg, prog, newRateLimiter(rate))
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
-	}
-	if err == nil && !cfg.Drop && !emptied {
-		if err = makeEmpty(cfg.Filename); err != nil {
-			err = fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
-		}
-	}
-	if hold != nil {
-		hold.Close()
 	}
 	prog.end()
 	if err != nil {
@@ -90,55 +76,37 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	return nil
 }
 
-// holdImageLock opens path and takes the locks of a qcow2 image open for
-// writing, as a reopen of the image open here (block.LockReopen), so
-// this succeeds while the image is open, and keeps holding them once it
-// is closed.
-func holdImageLock(path string) (block.File, error) {
-	f, err := block.OpenFile(path, false)
-	if err != nil {
-		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
-	}
-	rw := block.PermConsistentRead | block.PermWrite | block.PermResize
-	if err := block.LockFile(f, path, rw|block.LockReopen, block.PermWrite|block.PermResize); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%s: emptying the image: %w", path, err)
-	}
-	return f, nil
-}
-
-// commit commits dev into its base and, unless cfg.Drop, empties dev when
-// it cannot be rebuilt afresh (emptied: then the caller need not).
-func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) (emptied bool, err error) {
+// commit commits dev into its base and, unless cfg.Drop, empties dev.
+func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) error {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
 		if base = findBacking(chain, cfg.Base); base < 0 {
-			return false, fmt.Errorf("Did not find '%s' in the backing chain of '%s'", cfg.Base, cfg.Filename)
+			return fmt.Errorf("Did not find '%s' in the backing chain of '%s'", cfg.Base, cfg.Filename)
 		}
 	} else if len(chain) < 2 {
-		return false, errors.New("Image does not have a backing file")
+		return errors.New("Image does not have a backing file")
 	}
 	img := dev.(*qcow2.Image) // only qcow2 images have backing files
 	_, raw := chain[base].dev.(*block.Raw)
 	growRaw := raw && chain[base].dev.Size() < img.Size()
 	target, err := reopenBase(chain[base], growRaw)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if growRaw {
 		// A raw base grows as QEMU's file driver grows it: by truncation,
 		// under the write and resize locks just taken.
 		if err := os.Truncate(chain[base].path, img.Size()); err != nil {
 			target.Close()
-			return false, fmt.Errorf("Could not resize the base image: %s", strerror(err))
+			return fmt.Errorf("Could not resize the base image: %s", strerror(err))
 		}
 		// Open it again for its new size; the first holder keeps the
 		// locks meanwhile.
 		grown, err := reopenBase(chain[base], true)
 		target.Close()
 		if err != nil {
-			return false, err
+			return err
 		}
 		target = grown
 	}
@@ -151,18 +119,14 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 		err = cerr
 	}
 	if err != nil || cfg.Drop {
-		return false, err
+		return err
 	}
-	// Snapshots, bitmaps, a data file or v2 keep the file from being
-	// rebuilt afresh; then every cluster is dropped in place, as QEMU's
-	// fallback does.
-	if h := img.Header(); !canMakeEmpty(&h) {
-		if err := img.MakeEmpty(ctx); err != nil {
-			return false, fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
-		}
-		return true, nil
+	// The engine rebuilds the file afresh or, with snapshots, bitmaps, a
+	// data file or v2, drops every cluster in place, as QEMU does.
+	if err := img.MakeEmpty(ctx); err != nil {
+		return fmt.Errorf("%s: emptying the image: %w", cfg.Filename, err)
 	}
-	return false, nil
+	return nil
 }
 
 // reopenBase opens the base of a commit for writing: a reopen of the

@@ -108,7 +108,12 @@ func changeBacking(ctx context.Context, dev block.Device, cfg RebaseConfig) erro
 	return nil
 }
 
-// setBackingOpen is setBacking on an open image, with its refusals.
+// errNoHeaderRoom is QEMU's ENOSPC: the backing file name and the header
+// extensions do not fit in the first cluster.
+var errNoHeaderRoom = errors.New("No space left in the file header")
+
+// setBackingOpen is the engine's SetBacking, with qemu-img rebase's
+// refusals.
 func setBackingOpen(ctx context.Context, img *qcow2.Image, name, format string) error {
 	if name != "" && len(name) > 1023 {
 		return fmt.Errorf("backing file name of %d bytes: %w", len(name), errors.ErrUnsupported)
