@@ -77,6 +77,11 @@ func TestImportDirection(t *testing.T) {
 			func(p, dep string, direct bool) bool {
 				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
 			}},
+		{"export, the middleware over any device, imports neither qcow2 nor the cluster",
+			func(p string) bool { return under(p, "export") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
+			}},
 		{"nothing outside cmd imports cmd",
 			func(p string) bool { return !under(p, "cmd") },
 			func(p, dep string, direct bool) bool { return ours(dep) && under(dep, "cmd") }},
