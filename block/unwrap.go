@@ -31,14 +31,3 @@ func As[T any](d Device) (T, bool) {
 	var zero T
 	return zero, false
 }
-
-// Unwrap returns the device at the bottom of d's chain of wrappers.
-func Unwrap(d Device) Device {
-	for {
-		w, ok := d.(Wrapper)
-		if !ok {
-			return d
-		}
-		d = w.Unwrap()
-	}
-}

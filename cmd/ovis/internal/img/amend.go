@@ -122,7 +122,7 @@ func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error
 
 func amendDevice(ctx context.Context, dev block.Device, options string, help bool, prog *qemuProgress, stdout io.Writer) error {
 	format := "raw"
-	img, ok := dev.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](dev)
 	if ok {
 		format = "qcow2"
 	}
@@ -246,7 +246,7 @@ func printAmendHelp(w io.Writer, format string) error {
 // every repair, its messages printed on stderr, and the open failing if
 // the check could not finish.
 func repairDirty(ctx context.Context, dev block.Device, filename string, stderr io.Writer) error {
-	img, ok := dev.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](dev)
 	if !ok || img.Header().IncompatibleFeatures&qcow2.IncompatDirty == 0 {
 		return nil
 	}

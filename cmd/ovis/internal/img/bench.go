@@ -169,7 +169,7 @@ func Bench(ctx context.Context, cfg BenchConfig, stdout io.Writer) error {
 		return fmt.Errorf("Failed request: %s", requestReason(err))
 	}
 	fmt.Fprintf(stdout, "Run completed in %3.3f seconds.\n", time.Since(start).Seconds())
-	if img, ok := dev.(*qcow2.Image); ok && !cfg.Quiet {
+	if img, ok := block.As[*qcow2.Image](dev); ok && !cfg.Quiet {
 		l2, rc := img.CacheStats()
 		for _, c := range []struct {
 			name string

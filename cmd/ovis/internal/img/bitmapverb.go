@@ -77,7 +77,7 @@ func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
 		}
 		defer src.Close()
 	}
-	qimg, _ := dev.(*qcow2.Image)
+	qimg, _ := block.As[*qcow2.Image](dev)
 	for _, a := range cfg.Actions {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -114,7 +114,7 @@ func bitmapAction(ctx context.Context, img *qcow2.Image, src block.Device, filen
 		if !slicesContainsBitmap(img.Bitmaps(), name) {
 			return &qcow2.BitmapError{Err: qcow2.ErrBitmapNotFound, Name: name}
 		}
-		s, ok := src.(*qcow2.Image)
+		s, ok := block.As[*qcow2.Image](src)
 		if !ok {
 			return &qcow2.BitmapError{Err: qcow2.ErrBitmapNotFound, Name: a.Source}
 		}

@@ -21,7 +21,7 @@ func chainOf(path, format string, top block.Device) []layer {
 	var out []layer
 	for dev := top; dev != nil; {
 		out = append(out, layer{path: path, format: format, dev: dev})
-		img, ok := dev.(*qcow2.Image)
+		img, ok := block.As[*qcow2.Image](dev)
 		if !ok {
 			break
 		}
@@ -29,7 +29,7 @@ func chainOf(path, format string, top block.Device) []layer {
 		path, format, dev = img.BackingPath(), h.BackingFormat, img.Backing()
 		if format == "" && dev != nil {
 			format = "raw"
-			if _, ok := dev.(*qcow2.Image); ok {
+			if _, ok := block.As[*qcow2.Image](dev); ok {
 				format = "qcow2"
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -75,7 +76,7 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	img, ok := dev.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](dev)
 	if !ok {
 		dev.Close()
 		return exitWith(checkExitUnsupported, fmt.Errorf("This image format does not support checks"))

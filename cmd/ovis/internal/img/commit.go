@@ -87,8 +87,8 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 	} else if len(chain) < 2 {
 		return errors.New("Image does not have a backing file")
 	}
-	img := dev.(*qcow2.Image) // only qcow2 images have backing files
-	_, raw := chain[base].dev.(*block.Raw)
+	img, _ := block.As[*qcow2.Image](dev) // only qcow2 images have backing files
+	_, raw := block.As[*block.Raw](chain[base].dev)
 	growRaw := raw && chain[base].dev.Size() < img.Size()
 	target, err := reopenBase(chain[base], growRaw)
 	if err != nil {
@@ -155,7 +155,7 @@ func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base
 		// the new range (the engine's ResizeContext does, as QEMU's
 		// truncate), which needs zero flags past the cluster holding
 		// the old end; version 2 has none, and QEMU's commit job fails.
-		if t, ok := target.(*qcow2.Image); ok && t.Backing() != nil && t.Backing().Size() > old {
+		if t, ok := block.As[*qcow2.Image](target); ok && t.Backing() != nil && t.Backing().Size() > old {
 			if h := t.Header(); h.Version < 3 && (old+h.ClusterSize()-1)/h.ClusterSize()*h.ClusterSize() < size {
 				return errors.New("Block job failed: Operation not supported")
 			}

@@ -229,13 +229,13 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		if w == nil {
 			w = os.Stderr
 		}
-		if err := repairDirty(ctx, block.Unwrap(dst), cfg.Dest, w); err != nil {
+		if err := repairDirty(ctx, dst, cfg.Dest, w); err != nil {
 			dst.Close()
 			return err
 		}
 	}
 	if cfg.Bitmaps {
-		if img, ok := block.Unwrap(dst).(*qcow2.Image); !ok || img.Header().Version < 3 {
+		if img, ok := block.As[*qcow2.Image](dst); !ok || img.Header().Version < 3 {
 			format := "raw"
 			if ok {
 				format = "qcow2"
@@ -262,10 +262,10 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 			c.warn = os.Stderr
 		}
 	}
-	if img, ok := src.(*qcow2.Image); ok && targetHasBacking && img.Backing() != nil {
+	if img, ok := block.As[*qcow2.Image](src); ok && targetHasBacking && img.Backing() != nil {
 		c.copyTopOnly = true
 	}
-	if img, ok := block.Unwrap(dst).(*qcow2.Image); ok && !cfg.NoCreate && img.Backing() != nil {
+	if img, ok := block.As[*qcow2.Image](dst); ok && !cfg.NoCreate && img.Backing() != nil {
 		// qemu-img knows the backing file's length only for a new target.
 		// In sectors, rounded up as QEMU's total_sectors.
 		c.zeroSkipFrom = (img.Backing().Size() + 511) / 512 * 512
@@ -288,7 +288,7 @@ func checkBitmaps(cfg ConvertConfig, src block.Device) error {
 	if len(cfg.Sources) > 1 {
 		return errors.New("Copying bitmaps only possible with single source")
 	}
-	img, ok := src.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](src)
 	if !ok || img.Header().Version < 3 {
 		return errors.New("Source lacks bitmap support")
 	}
@@ -304,12 +304,12 @@ func checkBitmaps(cfg ConvertConfig, src block.Device) error {
 // copyBitmaps adds the source's consistent bitmaps to the finished output,
 // with their granularity, enabled state and bits.
 func copyBitmaps(ctx context.Context, cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
-	simg := src.(*qcow2.Image) // checkBitmaps made sure
+	simg, _ := block.As[*qcow2.Image](src) // checkBitmaps made sure
 	dev, err := openTarget(cfg.Dest, outFmt, true, cache)
 	if err != nil {
 		return openError(cfg.Dest, err)
 	}
-	dst, _ := block.Unwrap(dev).(*qcow2.Image)
+	dst, _ := block.As[*qcow2.Image](dev)
 	for _, b := range simg.Bitmaps() {
 		if b.InUse {
 			fmt.Fprintf(cfg.warnTo(), "ovis: warning: Skipping inconsistent bitmap '%s'\n", b.Name)
@@ -501,7 +501,7 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 // progress bar for -p.
 func runCopy(ctx context.Context, c *copier, cfg ConvertConfig) error {
 	if cfg.Compress {
-		img, ok := block.Unwrap(c.dst).(*qcow2.Image)
+		img, ok := block.As[*qcow2.Image](c.dst)
 		if !ok {
 			return errors.New("Compression not supported for this file format")
 		}

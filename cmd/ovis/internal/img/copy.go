@@ -397,7 +397,7 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 // do: where the clusters stop being contiguous in the host file, and
 // after each compressed cluster.
 func (c *copier) hostRun(ctx context.Context, off, end int64) int64 {
-	img, ok := c.src.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](c.src)
 	if !ok {
 		return end
 	}
@@ -500,7 +500,7 @@ func (c *copier) zero(ctx context.Context, off, n int64) error {
 // ordered writes: the rest is looked at before the write is made, which
 // is safe only while no other write can land in between.
 func (c *copier) widenZero(ctx context.Context, off, n int64) (int64, int64) {
-	img, ok := block.Unwrap(c.dst).(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](c.dst)
 	if !ok {
 		return off, n
 	}
@@ -575,8 +575,11 @@ type span struct {
 func (c *copier) prepareData(ctx context.Context, j job, w write) (write, error) {
 	off, p := j.off, w.buf[:j.n]
 	if c.copyRange && !c.noOffload.Load() {
-		src, ok1 := c.src.(*block.Raw)
-		dst, ok2 := block.Unwrap(c.dst).(*block.Raw)
+		// The output's Raw is found under its cache-mode wrapper: a
+		// copied range gets no FUA of its own, and is durable with
+		// the flush that closing the output makes.
+		src, ok1 := block.As[*block.Raw](c.src)
+		dst, ok2 := block.As[*block.Raw](c.dst)
 		if ok1 && ok2 {
 			w.run = func(ctx context.Context) error {
 				return c.offload(ctx, dst, src, p, off)

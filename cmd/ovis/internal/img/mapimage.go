@@ -168,7 +168,7 @@ func cHex(v int64) string {
 // sectors, a raw file's partial last sector reading as zeros past the end
 // of the file.
 func sectorMapper(dev block.Device) (block.Mapper, int64, error) {
-	m, ok := dev.(block.Mapper)
+	m, ok := block.As[block.Mapper](dev)
 	if !ok {
 		return nil, 0, fmt.Errorf("the image cannot be mapped")
 	}

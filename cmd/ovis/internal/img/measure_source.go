@@ -30,7 +30,7 @@ func newMeasureSource(filename string, dev block.Device) (*measureSource, error)
 		return nil, err
 	}
 	s := &measureSource{m: m, size: size}
-	if img, ok := dev.(*qcow2.Image); ok {
+	if img, ok := block.As[*qcow2.Image](dev); ok {
 		h := img.Header()
 		s.bitmapsSupported = h.Version >= 3
 		list, err := qcow2Bitmaps(filename, &h)

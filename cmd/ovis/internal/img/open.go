@@ -68,7 +68,7 @@ func chainReasonAbove(filename, format string, err error, depth int, writer os.F
 	if err1 != nil {
 		return openReason(err1)
 	}
-	img, ok := dev.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](dev)
 	if !ok {
 		dev.Close()
 		return openReason(err)
@@ -124,7 +124,7 @@ func openWritable(ctx context.Context, filename, format string, o qcow2.Options,
 		return dev, err
 	}
 	if format == "" {
-		if _, raw := dev.(*block.Raw); raw {
+		if _, raw := block.As[*block.Raw](dev); raw {
 			rawProbeWarning(warn, filename)
 		}
 	}

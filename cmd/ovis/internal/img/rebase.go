@@ -85,7 +85,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 // image, once what rebaseCopy wrote is durable.
 func changeBacking(ctx context.Context, dev block.Device, cfg RebaseConfig) error {
 	name := cfg.Backing
-	img, ok := dev.(*qcow2.Image)
+	img, ok := block.As[*qcow2.Image](dev)
 	if !ok {
 		return fmt.Errorf("Could not change the backing file to '%s': Operation not supported", name)
 	}
@@ -133,7 +133,7 @@ func setBackingOpen(ctx context.Context, img *qcow2.Image, name, format string) 
 // change with the new backing file. It stops once ctx is done, before the
 // backing file is changed (Close flushes what was copied).
 func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
-	img, _ := dev.(*qcow2.Image)
+	img, _ := block.As[*qcow2.Image](dev)
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	var oldBacking, newBacking block.Device
 	if len(chain) > 1 {

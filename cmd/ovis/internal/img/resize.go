@@ -69,7 +69,7 @@ func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) err
 		total = current + int64(n)*int64(relative)
 	}
 	err = resizeDevice(ctx, dev, cfg, current, total, prealloc)
-	if _, raw := dev.(*block.Raw); raw && err == nil {
+	if _, raw := block.As[*block.Raw](dev); raw && err == nil {
 		// Through a descriptor of its own, while dev holds the image's
 		// locks.
 		err = truncateRaw(ctx, cfg.Filename, total, prealloc)

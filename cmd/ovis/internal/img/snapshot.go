@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -53,7 +54,7 @@ func Snapshot(ctx context.Context, cfg SnapshotConfig, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
-	img, _ := dev.(*qcow2.Image)
+	img, _ := block.As[*qcow2.Image](dev)
 	if img == nil && cfg.Action == SnapshotApply {
 		// QEMU reopens the file to look for snapshots below the raw
 		// layer, and warns again.

@@ -12,7 +12,7 @@ import (
 // snapshot p names, with QEMU's messages (bdrv_snapshot_load_tmp): a
 // single ID or name is looked up as an ID first.
 func LoadSnapshot(dev block.Device, p SnapshotParam) error {
-	qimg, ok := dev.(*qcow2.Image)
+	qimg, ok := block.As[*qcow2.Image](dev)
 	if !ok {
 		return errors.New("Failed to load snapshot: Block format 'raw' used by device '' does not support temporarily loading internal snapshots")
 	}

@@ -74,7 +74,7 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 	if err != nil {
 		return nil, "", nil, openErrorAs(display, c.File, err)
 	}
-	if r, ok := dev.(*block.Raw); ok {
+	if r, ok := block.As[*block.Raw](dev); ok {
 		if c.Cache.Direct() && !o.ReadOnly && !c.Snapshot && r.Size()%block.DirectAlign != 0 {
 			// QEMU cannot write an O_DIRECT file's partial last
 			// block without growing it, so it refuses the open.
@@ -91,7 +91,7 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 			return nil, "", nil, err
 		}
 	}
-	image, _ := dev.(*qcow2.Image)
+	image, _ := block.As[*qcow2.Image](dev)
 	if image != nil && !o.ReadOnly && c.Warnings != nil {
 		// qemu-nbd repairs a dirty lazy-refcounts image when it opens it
 		// for writing, and prints the repair.
@@ -219,7 +219,7 @@ func loadSnapshot(dev block.Device, c *Config) error {
 	if err != nil {
 		return err
 	}
-	if _, ok := dev.(*qcow2.Image); ok && c.Snapshot {
+	if _, ok := block.As[*qcow2.Image](dev); ok && c.Snapshot {
 		// The overlay is a new image: no snapshot is in it.
 		return errors.New("Failed to load snapshot: Can't find snapshot")
 	}

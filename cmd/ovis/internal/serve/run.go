@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/nbd"
 	"github.com/ovis-storage/ovis/qcow2"
 )
@@ -291,7 +292,7 @@ func findBitmap(img *qcow2.Image, name string) (*qcow2.Image, *qcow2.Bitmap) {
 				return img, &b
 			}
 		}
-		img, _ = img.Backing().(*qcow2.Image)
+		img, _ = block.As[*qcow2.Image](img.Backing())
 	}
 	return nil, nil
 }
