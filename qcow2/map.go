@@ -124,7 +124,7 @@ func (img *Image) MapAt(ctx context.Context, off, n int64) (block.MapExtent, err
 		if off >= bs {
 			return me, nil // past the backing file's end: decided here, as QEMU reports it
 		}
-		bm, ok := img.backing.(block.Mapper)
+		bm, ok := block.As[block.Mapper](img.backing)
 		if !ok {
 			return block.MapExtent{}, fmt.Errorf("qcow2: backing file of %s cannot be mapped", img.path)
 		}
