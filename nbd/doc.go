@@ -14,6 +14,7 @@
 //   - blockstatus.go: NBD_CMD_BLOCK_STATUS, device and dirty-bitmap runs
 //   - errno.go: device errors to NBD errors
 //   - budget.go: bounds on requests and buffer bytes in service
+//   - watch.go: watching the client while the reader waits for room
 //   - reply.go: reply encoding, buffer pools
 //   - server.go: Export, Config, Server lifecycle
 //
@@ -78,7 +79,15 @@
 //  7. A connection ends only after its requests in service have finished
 //     and replied; the device is flushed if it was written since the
 //     last successful flush on that connection.
-//  8. Config.ConnState sees every accepted connection go New, then
+//  8. No device call can keep a connection or the server from ending,
+//     provided the device returns once its context ends: every call gets
+//     the connection's context, which a client's disconnect (seen even
+//     while the reader waits for room in service) and Close cancel, and
+//     Shutdown calls Close when its grace period ends. The flush on the
+//     way out runs under the server's context, so that a disconnect
+//     still flushes; Close ends it. A cancelled connection starts no
+//     further device calls.
+//  9. Config.ConnState sees every accepted connection go New, then
 //     Negotiating (unless refused), Transmission (if the handshake
 //     succeeds), and Closed exactly once, last, before Shutdown or Close
 //     returns.
