@@ -27,9 +27,9 @@ type hangDevice struct {
 	// writesPass serves WriteAt from the device underneath.
 	writesPass bool
 	entered    chan string // one send per call, on entry
-	mu      sync.Mutex
-	waiting int     // calls entered and not returned
-	ended   []error // the error each finished call returned
+	mu         sync.Mutex
+	waiting    int     // calls entered and not returned
+	ended      []error // the error each finished call returned
 }
 
 func newHangDevice(t *testing.T) *hangDevice {
