@@ -207,7 +207,10 @@ type Config struct {
 
 	// ShutdownTimeout bounds how long a stop waits for requests in
 	// service; then connections are cut (the device is still flushed and
-	// closed). The default is 30 seconds.
+	// closed). The final flush is bounded by as much again, for a device
+	// whose flush waits on something that can be given up (a lock, a
+	// replica); a flush cut short fails the stop. The default is 30
+	// seconds.
 	ShutdownTimeout time.Duration
 	// Logger receives ovis's own logs (connections, requests that
 	// failed, the lifecycle). nil means slog.Default().
