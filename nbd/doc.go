@@ -17,6 +17,8 @@
 //   - watch.go: watching the client while the reader waits for room
 //   - reply.go: reply encoding, buffer pools
 //   - server.go: Export, Config, Server lifecycle
+//   - exports.go: Exports, the exports looked up at run time, and
+//     FixedExports
 //
 // What a client gets:
 //
@@ -98,9 +100,12 @@
 // Config.ConnState. Replies are written to the socket under the reply
 // mutex, bounded by IdleTimeout when it is set.
 //
-// Order for callers: open the devices, New(Config), Serve on each
+// Order for callers: open the devices, New(Config) with
+// FixedExports(list...) or an Exports of one's own, Serve on each
 // listener (it blocks), then Shutdown (graceful) or Close; close the
-// devices last. The Server never closes a device.
+// devices last. The Server never closes a device. An Exports may offer
+// exports that appear and go while the server runs: each handshake asks
+// it, and a connection keeps the Export it got until it ends.
 //
 // Not done here: oldstyle and non-fixed newstyle-only negotiation (a
 // client without NBD_FLAG_C_FIXED_NEWSTYLE is still served, but not with

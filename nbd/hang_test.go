@@ -179,7 +179,7 @@ func (c hangCase) start(t *testing.T) (*Server, *hangDevice, *wireClient, <-chan
 	t.Helper()
 	dev := newHangDevice(t)
 	cfg := c.cfg
-	cfg.Exports = []Export{{Device: dev}}
+	cfg.Exports = FixedExports(Export{Device: dev})
 	s, sock, served := serveUnix(t, cfg)
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
@@ -292,7 +292,7 @@ func TestDisconnectFlushEndsAtStop(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	dev := newHangDevice(t)
 	dev.writesPass = true
-	s, sock, served := serveUnix(t, Config{Exports: []Export{{Device: dev}}})
+	s, sock, served := serveUnix(t, Config{Exports: FixedExports(Export{Device: dev})})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
 	w.request(0, cmdWrite, 1, 0, 4096, pattern(1, 4096))

@@ -313,5 +313,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// multiConn reports whether CAN_MULTI_CONN is advertised.
+// multiConn reports whether CAN_MULTI_CONN is advertised: whenever more
+// than one connection is allowed, read-only or not, as qemu-nbd 7.2 does
+// (-e 2 and -e 0 advertise it, -r too; -e 1, the default, does not). Every
+// connection gets the one device, so a flush on one covers all.
 func (c *Config) multiConn() bool { return c.Shared != 1 }

@@ -100,7 +100,7 @@ func Run(ctx context.Context, c Config) error {
 		blockStatus = m.BlockStatus
 	}
 	srv, err := nbd.New(nbd.Config{
-		Exports: []nbd.Export{{
+		Exports: nbd.FixedExports(nbd.Export{
 			Name:        c.ExportName,
 			Description: c.Description,
 			Device:      dev,
@@ -109,7 +109,7 @@ func Run(ctx context.Context, c Config) error {
 			Bitmaps:     bitmaps,
 
 			NoAllocationDepth: !c.AllocationDepth,
-		}},
+		}),
 		TLS:            tlsCfg,
 		ClientCAs:      clientCAs,
 		MaxConnections: maxConns,
