@@ -25,34 +25,53 @@ func (b *budget) init(maxReqs int, maxBytes int64) {
 	b.maxReqs, b.maxBytes = maxReqs, maxBytes
 }
 
+// tryAcquire takes one more request of n bytes if it fits now, and
+// reports whether it did.
+func (b *budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.fits(n) {
+		return false
+	}
+	b.reqs++
+	b.bytes += n
+	return true
+}
+
 // acquire waits until one more request of n bytes fits, or until ctx
 // ends (the connection is closing; its requests in service may never
 // release what it waits for). A request always fits when nothing else is
-// in service.
+// in service. Once ctx has ended it fails even if the request fits: a
+// closing connection starts no more device calls.
 func (b *budget) acquire(ctx context.Context, n int64) error {
+	var stop func() bool
 	b.mu.Lock()
-	if b.fits(n) {
-		b.reqs++
-		b.bytes += n
-		b.mu.Unlock()
-		return nil
-	}
-	stop := context.AfterFunc(ctx, func() {
-		b.mu.Lock()
-		b.cond.Broadcast()
-		b.mu.Unlock()
-	})
-	defer stop()
-	for !b.fits(n) {
+	for {
 		if err := ctx.Err(); err != nil {
 			b.mu.Unlock()
+			if stop != nil {
+				stop()
+			}
 			return err
+		}
+		if b.fits(n) {
+			break
+		}
+		if stop == nil {
+			stop = context.AfterFunc(ctx, func() {
+				b.mu.Lock()
+				b.cond.Broadcast()
+				b.mu.Unlock()
+			})
 		}
 		b.cond.Wait()
 	}
 	b.reqs++
 	b.bytes += n
 	b.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 	return nil
 }
 

@@ -14,8 +14,11 @@
 //   - blockstatus.go: NBD_CMD_BLOCK_STATUS, device and dirty-bitmap runs
 //   - errno.go: device errors to NBD errors
 //   - budget.go: bounds on requests and buffer bytes in service
+//   - watch.go: watching the client while the reader waits for room
 //   - reply.go: reply encoding, buffer pools
 //   - server.go: Export, Config, Server lifecycle
+//   - exports.go: Exports, the exports looked up at run time, and
+//     FixedExports
 //
 // What a client gets:
 //
@@ -78,7 +81,15 @@
 //  7. A connection ends only after its requests in service have finished
 //     and replied; the device is flushed if it was written since the
 //     last successful flush on that connection.
-//  8. Config.ConnState sees every accepted connection go New, then
+//  8. No device call can keep a connection or the server from ending,
+//     provided the device returns once its context ends: every call gets
+//     the connection's context, which a client's disconnect (seen even
+//     while the reader waits for room in service) and Close cancel, and
+//     Shutdown calls Close when its grace period ends. The flush on the
+//     way out runs under the server's context, so that a disconnect
+//     still flushes; Close ends it. A cancelled connection starts no
+//     further device calls.
+//  9. Config.ConnState sees every accepted connection go New, then
 //     Negotiating (unless refused), Transmission (if the handshake
 //     succeeds), and Closed exactly once, last, before Shutdown or Close
 //     returns.
@@ -89,9 +100,12 @@
 // Config.ConnState. Replies are written to the socket under the reply
 // mutex, bounded by IdleTimeout when it is set.
 //
-// Order for callers: open the devices, New(Config), Serve on each
+// Order for callers: open the devices, New(Config) with
+// FixedExports(list...) or an Exports of one's own, Serve on each
 // listener (it blocks), then Shutdown (graceful) or Close; close the
-// devices last. The Server never closes a device.
+// devices last. The Server never closes a device. An Exports may offer
+// exports that appear and go while the server runs: each handshake asks
+// it, and a connection keeps the Export it got until it ends.
 //
 // Not done here: oldstyle and non-fixed newstyle-only negotiation (a
 // client without NBD_FLAG_C_FIXED_NEWSTYLE is still served, but not with

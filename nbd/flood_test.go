@@ -82,7 +82,7 @@ func TestFlood(t *testing.T) {
 
 	var states [StateClosed + 1]atomic.Int64
 	srv, err := New(Config{
-		Exports:            []Export{{Device: img}},
+		Exports:            FixedExports(Export{Device: img}),
 		MaxConnections:     floodMaxConns,
 		MaxPayload:         floodPayload,
 		MaxReadBufferBytes: floodReadBufs,

@@ -35,10 +35,10 @@ func fuzzServer(f *testing.F) *Server {
 	}
 	f.Cleanup(func() { dev.Close() })
 	s, err := New(Config{
-		Exports: []Export{
-			{Name: "", Device: dev},
-			{Name: "ro", Device: dev, ReadOnly: true, MultiConn: true},
-		},
+		Exports: FixedExports(
+			Export{Name: "", Device: dev},
+			Export{Name: "ro", Device: dev, ReadOnly: true, MultiConn: true},
+		),
 		MaxPayload:       64 << 10,
 		HandshakeTimeout: fuzzHang / 2,
 		Logger:           slog.New(slog.DiscardHandler),

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 )
 
@@ -227,17 +228,17 @@ func (h *handshake) option(ctx context.Context, opt optType, data []byte) (*nego
 	}
 	switch opt {
 	case optExportName:
-		return h.exportName(data)
+		return h.exportName(ctx, data)
 	case optAbort:
 		h.reply(opt, repAck, nil)
 		h.w.Flush()
 		return nil, errAbort
 	case optList:
-		return nil, h.finish(h.list(data))
+		return nil, h.finish(h.list(ctx, data))
 	case optStartTLS:
 		return nil, h.startTLS(ctx, data)
 	case optInfo, optGo:
-		return h.infoGo(opt, data)
+		return h.infoGo(ctx, opt, data)
 	case optStructuredReply:
 		if len(data) != 0 {
 			return nil, h.finish(h.replyErr(opt, repErrInvalid, "STRUCTURED_REPLY takes no data"))
@@ -245,7 +246,7 @@ func (h *handshake) option(ctx context.Context, opt optType, data []byte) (*nego
 		h.structured = true
 		return nil, h.finish(h.reply(opt, repAck, nil))
 	case optListMetaContext, optSetMetaContext:
-		return nil, h.finish(h.metaContext(opt, data))
+		return nil, h.finish(h.metaContext(ctx, opt, data))
 	default:
 		return nil, h.finish(h.replyErr(opt, repErrUnsup, fmt.Sprintf("option %v is not supported", opt)))
 	}
@@ -283,10 +284,10 @@ func (h *handshake) replyErr(opt optType, typ repType, msg string) error {
 
 // exportName handles NBD_OPT_EXPORT_NAME, which cannot fail politely: an
 // unknown export ends the connection.
-func (h *handshake) exportName(data []byte) (*negotiated, error) {
-	e := h.srv.lookup(string(data))
-	if e == nil {
-		return nil, fmt.Errorf("%w: %q", errNoExport, truncate(string(data)))
+func (h *handshake) exportName(ctx context.Context, data []byte) (*negotiated, error) {
+	e, err := h.srv.lookup(ctx, string(data))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", errNoExport, truncate(string(data)), err)
 	}
 	n := h.negotiated(e)
 	var b [8 + 2 + exportNameZeroPadLen]byte
@@ -305,6 +306,17 @@ func (h *handshake) exportName(data []byte) (*negotiated, error) {
 	return n, nil
 }
 
+// refuseExport answers an option naming an export that lookup did not
+// return: NBD_REP_ERR_UNKNOWN, with qemu-nbd's words when there is no
+// such export. A failed lookup is logged, not shown to the client.
+func (h *handshake) refuseExport(opt optType, name string, err error) error {
+	if errors.Is(err, ErrUnknownExport) {
+		return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not present", sanitizeName(name)))
+	}
+	h.srv.log.Warn("export lookup failed", "option", opt.String(), "export", truncate(name), "err", err)
+	return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not available", sanitizeName(name)))
+}
+
 // negotiated builds the transmission parameters for export e.
 func (h *handshake) negotiated(e *Export) *negotiated {
 	n := &negotiated{
@@ -316,20 +328,56 @@ func (h *handshake) negotiated(e *Export) *negotiated {
 		flags:      exportFlags(e, h.structured),
 		tls:        h.tls,
 	}
-	if h.contextExport == e {
-		n.contexts = h.contexts
-	}
+	n.contexts = h.contextsFor(e)
 	return n
+}
+
+// contextsFor returns the contexts SET_META_CONTEXT selected, if they
+// were selected on export e. An Exports may return a new *Export for the
+// same export at each lookup: the selection then carries over when e has
+// the same name and still offers each selected context under the same id
+// and name (the client was told the ids), each then taken from e; else
+// it is dropped, as the spec says for another export.
+func (h *handshake) contextsFor(e *Export) []metaContext {
+	switch {
+	case h.contextExport == nil:
+		return nil
+	case h.contextExport == e:
+		return h.contexts
+	case h.contextExport.Name != e.Name:
+		return nil
+	}
+	offered := contextsOf(e)
+	out := make([]metaContext, 0, len(h.contexts))
+	for _, c := range h.contexts {
+		i := slices.IndexFunc(offered, func(o metaContext) bool { return o.id == c.id })
+		if i < 0 || offered[i].name != c.name {
+			return nil
+		}
+		out = append(out, offered[i])
+	}
+	return out
 }
 
 // list handles NBD_OPT_LIST: one NBD_REP_SERVER per export, its
 // description after the name, then ACK.
-func (h *handshake) list(data []byte) error {
+func (h *handshake) list(ctx context.Context, data []byte) error {
 	if len(data) != 0 {
 		return h.replyErr(optList, repErrInvalid, "LIST takes no data")
 	}
-	for i := range h.srv.exports {
-		e := &h.srv.exports[i]
+	exps, err := h.srv.exports.List(ctx)
+	if err != nil {
+		h.srv.log.Warn("listing exports failed", "err", err)
+		return h.replyErr(optList, repErrUnknown, "export list not available")
+	}
+	for _, e := range exps {
+		if e == nil {
+			continue
+		}
+		if err := checkExport(e); err != nil {
+			h.srv.log.Warn("export not listed", "err", err)
+			continue
+		}
 		b := make([]byte, 4, 4+len(e.Name)+len(e.Description))
 		binary.BigEndian.PutUint32(b, uint32(len(e.Name)))
 		b = append(b, e.Name...)
@@ -407,14 +455,14 @@ func parseInfoRequest(data []byte) (infoRequest, bool) {
 // infoGo handles NBD_OPT_INFO and NBD_OPT_GO: INFO_EXPORT and
 // INFO_BLOCK_SIZE always, INFO_NAME and INFO_DESCRIPTION when asked for,
 // then ACK; after a GO's ACK the connection is in transmission.
-func (h *handshake) infoGo(opt optType, data []byte) (*negotiated, error) {
+func (h *handshake) infoGo(ctx context.Context, opt optType, data []byte) (*negotiated, error) {
 	req, ok := parseInfoRequest(data)
 	if !ok {
 		return nil, h.finish(h.replyErr(opt, repErrInvalid, "malformed INFO/GO request"))
 	}
-	e := h.srv.lookup(req.name)
-	if e == nil {
-		return nil, h.finish(h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not present", sanitizeName(req.name))))
+	e, err := h.srv.lookup(ctx, req.name)
+	if err != nil {
+		return nil, h.finish(h.refuseExport(opt, req.name, err))
 	}
 	n := h.negotiated(e)
 
@@ -574,7 +622,7 @@ func matchContexts(allContexts []metaContext, queries []string, list bool) []met
 
 // metaContext handles LIST_META_CONTEXT and SET_META_CONTEXT. SET replaces
 // the selection even when it fails.
-func (h *handshake) metaContext(opt optType, data []byte) error {
+func (h *handshake) metaContext(ctx context.Context, opt optType, data []byte) error {
 	set := opt == optSetMetaContext
 	if set {
 		h.contexts, h.contextExport = nil, nil
@@ -586,9 +634,9 @@ func (h *handshake) metaContext(opt optType, data []byte) error {
 	if !ok {
 		return h.replyErr(opt, repErrInvalid, "malformed META_CONTEXT request")
 	}
-	e := h.srv.lookup(req.export)
-	if e == nil {
-		return h.replyErr(opt, repErrUnknown, fmt.Sprintf("export '%s' not present", sanitizeName(req.export)))
+	e, err := h.srv.lookup(ctx, req.export)
+	if err != nil {
+		return h.refuseExport(opt, req.export, err)
 	}
 	picked := matchContexts(contextsOf(e), req.queries, !set)
 	for _, c := range picked {

@@ -238,11 +238,11 @@ func TestNbdinfo(t *testing.T) {
 	top := scratchImages(t, dir)
 	rawDev := openRaw(t, scratch, false)
 	qcow := openQcow2(t, top, true)
-	h := serve(t, nbd.Config{Exports: []nbd.Export{
-		{Name: "", Description: "scratch disk", Device: rawDev},
-		{Name: "ro", Description: "qcow2 overlay", Device: qcow, ReadOnly: true},
-		{Name: "mc", Device: openRaw(t, shared, false), MultiConn: true},
-	}})
+	h := serve(t, nbd.Config{Exports: nbd.FixedExports(
+		nbd.Export{Name: "", Description: "scratch disk", Device: rawDev},
+		nbd.Export{Name: "ro", Description: "qcow2 overlay", Device: qcow, ReadOnly: true},
+		nbd.Export{Name: "mc", Device: openRaw(t, shared, false), MultiConn: true},
+	)})
 	qemuIO(t, h.unix(""), []string{"write -P 0x33 1M 64k"})
 
 	type info struct {
@@ -407,7 +407,7 @@ func TestQemuIOMirror(t *testing.T) {
 				dev = openQcow2(t, p, false)
 			}
 			ref := rawFile(t, dir, "ref.raw", size)
-			h := serve(t, nbd.Config{Exports: []nbd.Export{{Device: dev}}})
+			h := serve(t, nbd.Config{Exports: nbd.FixedExports(nbd.Export{Device: dev})})
 			for i, target := range []string{h.unix(""), h.tcpURI("")} {
 				ops := randomOps(uint64(i+1), size, 120)
 				qemuIO(t, target, ops)
@@ -432,7 +432,7 @@ func TestQemuImgMap(t *testing.T) {
 	raw := rawFile(t, dir, "sparse.raw", 8<<20)
 	rawDev := openRaw(t, raw, false)
 	qcow := openQcow2(t, top, false)
-	h := serve(t, nbd.Config{Exports: []nbd.Export{{Name: "raw", Device: rawDev}, {Name: "qcow2", Device: qcow}}})
+	h := serve(t, nbd.Config{Exports: nbd.FixedExports(nbd.Export{Name: "raw", Device: rawDev}, nbd.Export{Name: "qcow2", Device: qcow})})
 	qemuIO(t, h.unix("raw"), []string{"write -P 1 64k 64k", "write -P 2 1M 3M", "write -z -u 2M 512k", "write -z 3M 64k"})
 	qemuIO(t, h.unix("qcow2"), []string{"write -P 3 3M 128k", "discard 512k 64k"})
 	for _, c := range []struct {
@@ -477,10 +477,10 @@ func TestNbdcopy(t *testing.T) {
 
 	p := filepath.Join(dir, "dst.qcow2")
 	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", p, fmt.Sprint(size))
-	h := serve(t, nbd.Config{Exports: []nbd.Export{
-		{Name: "raw", Device: openRaw(t, rawFile(t, dir, "dst.raw", size), false), MultiConn: true},
-		{Name: "qcow2", Device: openQcow2(t, p, false), MultiConn: true},
-	}})
+	h := serve(t, nbd.Config{Exports: nbd.FixedExports(
+		nbd.Export{Name: "raw", Device: openRaw(t, rawFile(t, dir, "dst.raw", size), false), MultiConn: true},
+		nbd.Export{Name: "qcow2", Device: openQcow2(t, p, false), MultiConn: true},
+	)})
 	for _, c := range []struct{ uri, out string }{
 		{h.unix("raw"), "out1.raw"},
 		{h.tcpURI("qcow2"), "out2.raw"},
@@ -517,7 +517,7 @@ func TestFio(t *testing.T) {
 				testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", p, fmt.Sprint(4*perJob))
 				dev = openQcow2(t, p, false)
 			}
-			h := serve(t, nbd.Config{Exports: []nbd.Export{{Device: dev, MultiConn: true}}})
+			h := serve(t, nbd.Config{Exports: nbd.FixedExports(nbd.Export{Device: dev, MultiConn: true})})
 			out := mustTool(t, "fio",
 				"--name=nbd", "--ioengine=nbd", "--uri="+h.unix(""),
 				"--rw=randwrite", "--bsrange=512-64k", "--iodepth=8", "--numjobs=4",
@@ -559,7 +559,7 @@ func TestTLS(t *testing.T) {
 	t.Parallel()
 	pki := nbd.NewTestPKI(t)
 	dir := t.TempDir()
-	exports := []nbd.Export{{Name: "secret-export", Description: "hidden", Device: openRaw(t, rawFile(t, dir, "disk.raw", 4<<20), false)}}
+	exports := nbd.FixedExports(nbd.Export{Name: "secret-export", Description: "hidden", Device: openRaw(t, rawFile(t, dir, "disk.raw", 4<<20), false)})
 	serverTLS := &tls.Config{Certificates: []tls.Certificate{pki.Server}}
 	open := serve(t, nbd.Config{Exports: exports, TLS: serverTLS})
 	strict := serve(t, nbd.Config{Exports: exports, TLS: serverTLS, ClientCAs: pki.CAPool})

@@ -64,7 +64,7 @@ func TestConnState(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
 	var log stateLog
-	_, sock := startWire(t, Config{Exports: []Export{{Device: raw}}, MaxConnections: 1, ConnState: log.hook})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw}), MaxConnections: 1, ConnState: log.hook})
 
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
@@ -104,7 +104,7 @@ func TestIdleTimeout(t *testing.T) {
 		return raw.ReadAt(ctx, p, off)
 	}}
 	var log stateLog
-	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}, IdleTimeout: idle, ConnState: log.hook})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: dev}), IdleTimeout: idle, ConnState: log.hook})
 
 	closedWithin := func(w *wireClient, what string, min, max time.Duration, start time.Time) {
 		t.Helper()
@@ -172,7 +172,7 @@ func TestIdleTimeout(t *testing.T) {
 func TestReadBudget(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, 8<<20, false)
-	_, sock := startWire(t, Config{Exports: []Export{{Device: raw}}, MaxPayload: 1 << 20, MaxReadBufferBytes: 2 << 20})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw}), MaxPayload: 1 << 20, MaxReadBufferBytes: 2 << 20})
 
 	// Two hogs: each holds its reserve and 1 MiB of the shared 2 MiB.
 	var hogs []*wireClient
@@ -215,7 +215,7 @@ func TestOversized(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
 	const maxPayload = 64 << 10
-	_, sock := startWire(t, Config{Exports: []Export{{Device: raw}}, MaxPayload: maxPayload})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw}), MaxPayload: maxPayload})
 	for _, structured := range []bool{false, true} {
 		w := dialWire(t, "unix", sock)
 		if structured {
@@ -282,7 +282,7 @@ func TestClientCertWithGetConfigForClient(t *testing.T) {
 	serverTLS := &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 		return &tls.Config{Certificates: []tls.Certificate{pki.Server}}, nil
 	}}
-	_, sock := startWire(t, Config{Exports: []Export{{Device: rw}}, TLS: serverTLS, ClientCAs: pki.CAPool})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: rw}), TLS: serverTLS, ClientCAs: pki.CAPool})
 	checkClientCerts(t, pki, sock)
 }
 
@@ -292,7 +292,7 @@ func TestRefusedQuickly(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
 	var log stateLog
-	s, sock := startWire(t, Config{Exports: []Export{{Device: raw}}, MaxConnections: 4, ConnState: log.hook})
+	s, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw}), MaxConnections: 4, ConnState: log.hook})
 	for i := 0; i < 4; i++ {
 		w := dialWire(t, "unix", sock)
 		var b [18]byte
@@ -341,7 +341,7 @@ func TestWritePayloadSizes(t *testing.T) {
 	t.Parallel()
 	const size = 16 << 20
 	raw, _ := newRawDevice(t, size, false)
-	_, sock := startWire(t, Config{Exports: []Export{{Device: raw}}})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw})})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", true)
 	sizes := []int{1, firstPayloadBuf - 1, firstPayloadBuf, firstPayloadBuf + 1, 3*firstPayloadBuf + 7, 1 << 20, 4<<20 + 5}

@@ -46,15 +46,15 @@ func TestListExportsSeveral(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	clean := func(off, n int64) (int64, bool, error) { return n, false, nil }
-	h := serve(t, nbd.Config{Exports: []nbd.Export{
-		{Name: "", Device: openRaw(t, rawFile(t, dir, "a", 1<<20), false)},
-		{Name: "second one", Description: "read-only, described", ReadOnly: true, Device: openRaw(t, rawFile(t, dir, "b", 4096), true)},
-		{Name: "dégât", Description: "several connections", MultiConn: true, Device: openRaw(t, rawFile(t, dir, "c", 3<<20), false)},
-		{Name: "bitmaps", Device: openRaw(t, rawFile(t, dir, "d", 64<<10), false),
+	h := serve(t, nbd.Config{Exports: nbd.FixedExports(
+		nbd.Export{Name: "", Device: openRaw(t, rawFile(t, dir, "a", 1<<20), false)},
+		nbd.Export{Name: "second one", Description: "read-only, described", ReadOnly: true, Device: openRaw(t, rawFile(t, dir, "b", 4096), true)},
+		nbd.Export{Name: "dégât", Description: "several connections", MultiConn: true, Device: openRaw(t, rawFile(t, dir, "c", 3<<20), false)},
+		nbd.Export{Name: "bitmaps", Device: openRaw(t, rawFile(t, dir, "d", 64<<10), false),
 			Bitmaps: []nbd.ExportBitmap{{Name: "b0", Extent: clean}, {Name: "b:1", Extent: clean}}},
-		{Name: "no depth", NoAllocationDepth: true, Device: openRaw(t, rawFile(t, dir, "e", 64<<10), false),
+		nbd.Export{Name: "no depth", NoAllocationDepth: true, Device: openRaw(t, rawFile(t, dir, "e", 64<<10), false),
 			Bitmaps: []nbd.ExportBitmap{{Name: "b0", Extent: clean}}},
-	}})
+	)})
 	got := listLikeQemu(t, "five exports", h.sock)
 	if !strings.HasSuffix(got, " export: 'no depth'\n  size:  65536\n  flags: 0xced ( flush fua trim zeroes df cache fast-zero )\n"+
 		"  min block: 1\n  opt block: 4096\n  max block: 33554432\n  available meta contexts: 2\n   base:allocation\n   qemu:dirty-bitmap:b0\n") {

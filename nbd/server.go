@@ -23,7 +23,7 @@ type Export struct {
 	// Name is what clients ask for (NBD_OPT_GO, NBD_OPT_EXPORT_NAME).
 	// At most 4096 bytes. A client asking for the empty name gets the
 	// export named "" if there is one, else (unless Config.ExactNames)
-	// the first export.
+	// the first export listed (see Exports).
 	Name string
 	// Description is shown to humans (NBD_OPT_LIST, NBD_INFO_DESCRIPTION).
 	// At most 4096 bytes; empty means none.
@@ -33,11 +33,14 @@ type Export struct {
 	// ReadOnly advertises NBD_FLAG_READ_ONLY; WRITE, TRIM and
 	// WRITE_ZEROES then fail with EPERM before reaching the Device.
 	ReadOnly bool
-	// MultiConn advertises NBD_FLAG_CAN_MULTI_CONN: the Device is one
-	// shared object whose Flush and FUA writes cover writes made through
-	// every connection, so a client may spread its requests over several
-	// connections. Leave it false for a Device whose caching is per
-	// connection. The default (false) makes clients use one connection.
+	// MultiConn advertises NBD_FLAG_CAN_MULTI_CONN, the export's own
+	// declaration that a client may spread its requests over several
+	// connections. Set it only when a flush on one connection covers the
+	// writes made on all of them (and a FUA write is durable for all):
+	// the Device is one shared object, as every connection to this
+	// export gets the same Device. Leave it false for a Device whose
+	// caching is per connection. The Server does not second-guess it. The
+	// default (false) makes clients use one connection.
 	MultiConn bool
 	// Bitmaps are dirty bitmaps offered as the metadata contexts
 	// "qemu:dirty-bitmap:NAME" (qemu-nbd -B), in this order.
@@ -79,9 +82,11 @@ func exportFlags(e *Export, structured bool) transmissionFlags {
 // Config configures a Server. The zero value of every field but Exports
 // means its default.
 type Config struct {
-	// Exports are the devices served. At least one is required; names
-	// must be distinct.
-	Exports []Export
+	// Exports finds the exports served, when clients ask for them:
+	// FixedExports(list...) for a list fixed at start (at least one
+	// export, distinct names), or any Exports whose set changes at run
+	// time. Required.
+	Exports Exports
 	// TLS, when non-nil, makes the server insist on TLS (the spec's
 	// FORCEDTLS mode): before NBD_OPT_STARTTLS every option but ABORT is
 	// refused with NBD_REP_ERR_TLS_REQD, so not even the export list is
@@ -184,24 +189,13 @@ const (
 // Validate reports the first invalid field, naming the offending value. It
 // accepts zero values, which mean defaults.
 func (c *Config) Validate() error {
-	if len(c.Exports) == 0 {
+	if c.Exports == nil {
 		return errors.New("nbd: config: no exports")
 	}
-	seen := make(map[string]bool, len(c.Exports))
-	for i, e := range c.Exports {
-		switch {
-		case e.Device == nil:
-			return fmt.Errorf("nbd: config: export %d (%q) has no device", i, truncate(e.Name))
-		case len(e.Name) > maxStringLen:
-			return fmt.Errorf("nbd: config: export %d name is %d bytes, more than %d", i, len(e.Name), maxStringLen)
-		case len(e.Description) > maxStringLen:
-			return fmt.Errorf("nbd: config: export %q description is %d bytes, more than %d", truncate(e.Name), len(e.Description), maxStringLen)
-		case e.Device.Size() < 0:
-			return fmt.Errorf("nbd: config: export %q has negative size %d", truncate(e.Name), e.Device.Size())
-		case seen[e.Name]:
-			return fmt.Errorf("nbd: config: export name %q used twice", truncate(e.Name))
+	if f, ok := c.Exports.(*fixedExports); ok {
+		if err := f.validate(); err != nil {
+			return err
 		}
-		seen[e.Name] = true
 	}
 	if c.MaxConnections < 0 {
 		return fmt.Errorf("nbd: config: MaxConnections %d is negative", c.MaxConnections)
@@ -326,8 +320,7 @@ func (c ConnState) String() string {
 // Safe for concurrent use. End with Shutdown (graceful) or Close.
 type Server struct {
 	cfg       Config
-	exports   []Export
-	byName    map[string]*Export
+	exports   Exports
 	tlsConfig *tls.Config
 	log       *slog.Logger
 
@@ -367,12 +360,8 @@ func New(cfg Config) (*Server, error) {
 	cfg = cfg.withDefaults()
 	s := &Server{
 		cfg:     cfg,
-		exports: append([]Export(nil), cfg.Exports...),
+		exports: cfg.Exports,
 		log:     cfg.Logger,
-	}
-	s.byName = make(map[string]*Export, len(s.exports))
-	for i := range s.exports {
-		s.byName[s.exports[i].Name] = &s.exports[i]
 	}
 	if cfg.TLS != nil {
 		s.tlsConfig = serverTLS(cfg.TLS, cfg.ClientCAs)
@@ -413,18 +402,6 @@ func serverTLS(base *tls.Config, clientCAs *x509.CertPool) *tls.Config {
 		}
 	}
 	return t
-}
-
-// lookup returns the export a client names, or nil. The empty name picks
-// the export named "" or else, unless Config.ExactNames, the first one.
-func (s *Server) lookup(name string) *Export {
-	if e, ok := s.byName[name]; ok {
-		return e
-	}
-	if name == "" && !s.cfg.ExactNames {
-		return &s.exports[0]
-	}
-	return nil
 }
 
 func (s *Server) shuttingDown() bool { return s.closing.Load() }

@@ -123,7 +123,7 @@ func TestDeviceErrors(t *testing.T) {
 		flush:   func() error { return errors.New("flush failed") },
 		discard: func(off, n int64) error { return fmt.Errorf("no trim: %w", syscall.EOPNOTSUPP) },
 	}
-	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: dev})})
 	for _, structured := range []bool{false, true} {
 		w := dialWire(t, "unix", sock)
 		if structured {
@@ -219,7 +219,7 @@ func TestOutOfOrder(t *testing.T) {
 		}
 		return raw.ReadAt(ctx, p, off)
 	}}
-	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: dev})})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
 	w.request(0, cmdRead, 1, 0, 4096, nil)
@@ -246,7 +246,7 @@ func TestShutdownTimeout(t *testing.T) {
 		<-release
 		return raw.ReadAt(ctx, p, off)
 	}}
-	s, err := New(Config{Exports: []Export{{Device: dev}}, Logger: testLogger(t)})
+	s, err := New(Config{Exports: FixedExports(Export{Device: dev}), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestShutdownTimeout(t *testing.T) {
 func TestCloseAndLimits(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
-	s, err := New(Config{Exports: []Export{{Device: raw}}, MaxConnections: 1, Logger: testLogger(t)})
+	s, err := New(Config{Exports: FixedExports(Export{Device: raw}), MaxConnections: 1, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func TestCloseAndLimits(t *testing.T) {
 func TestServeContext(t *testing.T) {
 	t.Parallel()
 	raw, _ := newRawDevice(t, wireSize, false)
-	s, sock := startWire(t, Config{Exports: []Export{{Device: raw}}})
+	s, sock := startWire(t, Config{Exports: FixedExports(Export{Device: raw})})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -342,7 +342,7 @@ func TestFastZero(t *testing.T) {
 		}
 		return raw.WriteZeroes(ctx, off, n, f)
 	}
-	_, sock := startWire(t, Config{Exports: []Export{{Device: dev}}})
+	_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: dev})})
 	w := dialWire(t, "unix", sock)
 	w.negotiate("", false)
 	data := pattern(11, 131072)

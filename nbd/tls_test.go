@@ -15,7 +15,7 @@ func TestTLSWire(t *testing.T) {
 	t.Parallel()
 	pki := NewTestPKI(t)
 	rw, _ := newRawDevice(t, wireSize, false)
-	exports := []Export{{Name: "secret-export", Device: rw}}
+	exports := FixedExports(Export{Name: "secret-export", Device: rw})
 	_, sock := startWire(t, Config{Exports: exports, TLS: &tls.Config{Certificates: []tls.Certificate{pki.Server}}})
 	_, sockCA := startWire(t, Config{Exports: exports, TLS: &tls.Config{Certificates: []tls.Certificate{pki.Server}}, ClientCAs: pki.CAPool})
 

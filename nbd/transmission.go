@@ -295,13 +295,13 @@ func (t *transmission) readLoop() (reason string, graceful bool) {
 		if req.typ == cmdRead || req.typ == cmdWrite {
 			weight = int64(bufSize(int(req.length)))
 		}
-		if err := t.budget.acquire(t.ctx, weight); err != nil {
+		if err := t.acquireRoom(&t.budget, weight); err != nil {
 			return "closed while waiting for requests in service", false
 		}
 		shared := false
 		if req.typ == cmdRead {
 			if weight > readReserve || !t.reserved.CompareAndSwap(false, true) {
-				if err := t.srv.readMem.acquire(t.ctx, weight); err != nil {
+				if err := t.acquireRoom(&t.srv.readMem, weight); err != nil {
 					t.budget.release(weight)
 					return "closed while waiting for read buffers", false
 				}
@@ -389,8 +389,10 @@ func (t *transmission) handle(req request, payload []byte, weight int64, shared 
 		putBuf(payload)
 		t.wrote(err)
 	case cmdFlush:
-		t.dirty.Store(false)
-		if err = t.dev.Flush(t.ctx); err != nil {
+		// A failed flush leaves the connection dirty only if it was:
+		// one with nothing written has nothing to flush on the way out.
+		was := t.dirty.Swap(false)
+		if err = t.dev.Flush(t.ctx); err != nil && was {
 			t.dirty.Store(true)
 		}
 	case cmdTrim:

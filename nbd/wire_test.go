@@ -19,10 +19,10 @@ func wireServer(t *testing.T) string {
 	t.Helper()
 	rw, _ := newRawDevice(t, wireSize, false)
 	ro, _ := newRawDevice(t, wireSize, true)
-	_, sock := startWire(t, Config{Exports: []Export{
-		{Name: "", Description: "writable", Device: rw},
-		{Name: "ro", Description: "read-only", Device: ro, ReadOnly: true},
-	}})
+	_, sock := startWire(t, Config{Exports: FixedExports(
+		Export{Name: "", Description: "writable", Device: rw},
+		Export{Name: "ro", Description: "read-only", Device: ro, ReadOnly: true},
+	)})
 	return sock
 }
 
@@ -407,7 +407,7 @@ func TestDisconnectMidRequest(t *testing.T) {
 
 func wireServer2(t *testing.T) (*Server, string) {
 	rw, _ := newRawDevice(t, wireSize, false)
-	return startWire(t, Config{Exports: []Export{{Device: rw}}})
+	return startWire(t, Config{Exports: FixedExports(Export{Device: rw})})
 }
 
 func waitNoConns(t *testing.T, s *Server) {
@@ -579,7 +579,7 @@ func TestExportName(t *testing.T) {
 func TestShutdownGraceful(t *testing.T) {
 	t.Parallel()
 	rw, _ := newRawDevice(t, wireSize, false)
-	s, err := New(Config{Exports: []Export{{Device: rw}}, Logger: testLogger(t)})
+	s, err := New(Config{Exports: FixedExports(Export{Device: rw}), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,23 +627,23 @@ func TestConfigValidate(t *testing.T) {
 		want string
 	}{
 		{Config{}, "no exports"},
-		{Config{Exports: []Export{{Name: "a"}}}, "has no device"},
-		{Config{Exports: []Export{{Name: "a", Device: rw}, {Name: "a", Device: rw}}}, `"a" used twice`},
-		{Config{Exports: []Export{{Device: rw}}, MaxPayload: 1000}, "MaxPayload 1000"},
-		{Config{Exports: []Export{{Device: rw}}, MaxInFlight: -1}, "MaxInFlight -1"},
-		{Config{Exports: []Export{{Device: rw}}, ClientCAs: nil, TLS: nil, MaxConnections: -2}, "MaxConnections -2"},
-		{Config{Exports: []Export{{Device: rw}}, HandshakeTimeout: -1}, "HandshakeTimeout -1ns"},
-		{Config{Exports: []Export{{Device: rw}}, IdleTimeout: -time.Second}, "IdleTimeout -1s"},
-		{Config{Exports: []Export{{Device: rw}}, MaxReadBufferBytes: -1}, "MaxReadBufferBytes -1"},
-		{Config{Exports: []Export{{Device: rw}}, MaxReadBufferBytes: 1 << 20}, "MaxReadBufferBytes 1048576 is less than one buffer of MaxPayload (33554432)"},
-		{Config{Exports: []Export{{Device: rw}}, MaxPayload: 100 << 10, MaxReadBufferBytes: 100 << 10}, "(131072)"},
+		{Config{Exports: FixedExports(Export{Name: "a"})}, "has no device"},
+		{Config{Exports: FixedExports(Export{Name: "a", Device: rw}, Export{Name: "a", Device: rw})}, `"a" used twice`},
+		{Config{Exports: FixedExports(Export{Device: rw}), MaxPayload: 1000}, "MaxPayload 1000"},
+		{Config{Exports: FixedExports(Export{Device: rw}), MaxInFlight: -1}, "MaxInFlight -1"},
+		{Config{Exports: FixedExports(Export{Device: rw}), ClientCAs: nil, TLS: nil, MaxConnections: -2}, "MaxConnections -2"},
+		{Config{Exports: FixedExports(Export{Device: rw}), HandshakeTimeout: -1}, "HandshakeTimeout -1ns"},
+		{Config{Exports: FixedExports(Export{Device: rw}), IdleTimeout: -time.Second}, "IdleTimeout -1s"},
+		{Config{Exports: FixedExports(Export{Device: rw}), MaxReadBufferBytes: -1}, "MaxReadBufferBytes -1"},
+		{Config{Exports: FixedExports(Export{Device: rw}), MaxReadBufferBytes: 1 << 20}, "MaxReadBufferBytes 1048576 is less than one buffer of MaxPayload (33554432)"},
+		{Config{Exports: FixedExports(Export{Device: rw}), MaxPayload: 100 << 10, MaxReadBufferBytes: 100 << 10}, "(131072)"},
 	} {
 		err := c.cfg.Validate()
 		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(c.want)) {
 			t.Errorf("Validate(%+v) = %v, want it to mention %q", c.cfg, err, c.want)
 		}
 	}
-	if err := (&Config{Exports: []Export{{Device: rw}}}).Validate(); err != nil {
+	if err := (&Config{Exports: FixedExports(Export{Device: rw})}).Validate(); err != nil {
 		t.Errorf("minimal config: %v", err)
 	}
 }

@@ -202,7 +202,7 @@ func newNBDCmd() *cobra.Command {
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM certificate: require TLS")
 	f.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA certificates: require client certificates signed by them")
-	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "how long a stop waits for requests in service")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", serve.DefaultShutdownTimeout, "how long a stop waits for requests in service, and then for the final flush")
 	f.BoolVar(&cfg.Untrusted, "untrusted", false, "refuse format probing (-f required), and backing and data files outside the image's folder or not regular files")
 	f.StringVar(&cfg.MetricsAddr, "metrics", "", "serve Prometheus metrics (requests, cache counters) at http://ADDR/metrics")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", 0, "close a connection idle (no request, unread reply or unfinished request) this long (0: never)")

@@ -207,7 +207,10 @@ type Config struct {
 
 	// ShutdownTimeout bounds how long a stop waits for requests in
 	// service; then connections are cut (the device is still flushed and
-	// closed). The default is 30 seconds.
+	// closed). The final flush is bounded by as much again, for a device
+	// whose flush waits on something that can be given up (a lock, a
+	// replica); a flush cut short fails the stop. The default is 30
+	// seconds.
 	ShutdownTimeout time.Duration
 	// Logger receives ovis's own logs (connections, requests that
 	// failed, the lifecycle). nil means slog.Default().
@@ -310,5 +313,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// multiConn reports whether CAN_MULTI_CONN is advertised.
+// multiConn reports whether CAN_MULTI_CONN is advertised: whenever more
+// than one connection is allowed, read-only or not, as qemu-nbd 7.2 does
+// (-e 2 and -e 0 advertise it, -r too; -e 1, the default, does not). Every
+// connection gets the one device, so a flush on one covers all.
 func (c *Config) multiConn() bool { return c.Shared != 1 }

@@ -19,9 +19,10 @@
 //     or — without Persistent — the last client that completed a
 //     handshake disconnects.
 //  3. Stop: stop accepting, let requests in service finish and reply
-//     (nbd.Server.Shutdown, bounded by ShutdownTimeout), flush and close
-//     the device, then remove the socket file, the pid file and the
-//     overlay. The first error is returned, but the teardown finishes.
+//     (nbd.Server.Shutdown, bounded by ShutdownTimeout), flush (bounded
+//     by ShutdownTimeout again) and close the device, then remove the
+//     socket file, the pid file and the overlay. The first error is
+//     returned, but the teardown finishes.
 //
 // Invariants:
 //

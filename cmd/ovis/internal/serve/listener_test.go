@@ -130,7 +130,7 @@ func TestGateWithServer(t *testing.T) {
 	idle := make(chan struct{}, 2)
 	g := newGate(l, 1, func() { idle <- struct{}{} })
 	srv, err := nbd.New(nbd.Config{
-		Exports:   []nbd.Export{{Device: dev}},
+		Exports:   nbd.FixedExports(nbd.Export{Device: dev}),
 		ConnState: g.connState,
 		Logger:    slog.New(slog.DiscardHandler),
 	})

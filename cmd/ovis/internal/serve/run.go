@@ -56,11 +56,7 @@ func Run(ctx context.Context, c Config) error {
 		// Outermost, so that it times what the client waits for.
 		dev = m.Wrap(dev)
 	}
-	closeDev := func() error {
-		ferr := dev.Flush(context.Background())
-		cerr := dev.Close()
-		return errors.Join(ferr, cerr)
-	}
+	closeDev := func() error { return closeDevice(dev, c.ShutdownTimeout) }
 
 	// The metrics listener comes up before the NBD one, so that whoever
 	// waits for the NBD socket can scrape at once.
@@ -104,7 +100,7 @@ func Run(ctx context.Context, c Config) error {
 		blockStatus = m.BlockStatus
 	}
 	srv, err := nbd.New(nbd.Config{
-		Exports: []nbd.Export{{
+		Exports: nbd.FixedExports(nbd.Export{
 			Name:        c.ExportName,
 			Description: c.Description,
 			Device:      dev,
@@ -113,7 +109,7 @@ func Run(ctx context.Context, c Config) error {
 			Bitmaps:     bitmaps,
 
 			NoAllocationDepth: !c.AllocationDepth,
-		}},
+		}),
 		TLS:            tlsCfg,
 		ClientCAs:      clientCAs,
 		MaxConnections: maxConns,
@@ -237,6 +233,24 @@ wait:
 		log.Info("stopped", "file", c.File)
 	}
 	return errors.Join(serveErr, devErr)
+}
+
+// closeDevice flushes dev and closes it, as the last step of a stop. The
+// flush may wait at most grace for what its context can end (a lock, a
+// replica, a network): a device that never answers must not keep the
+// process from exiting, as the requests in service cannot (Shutdown cuts
+// them after the same grace). The flush has a grace of its own rather
+// than what is left of Shutdown's, so that requests that used all of
+// theirs do not fail the flush too. A flush cut short is an error, and
+// the device is closed all the same.
+func closeDevice(dev block.Device, grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	ferr := dev.Flush(ctx)
+	if ferr != nil {
+		ferr = fmt.Errorf("flush: %w", ferr)
+	}
+	return errors.Join(ferr, dev.Close())
 }
 
 // plural is "1 client is" or "N clients are".
