@@ -3,8 +3,6 @@ package qcow2
 import (
 	"encoding/binary"
 	"fmt"
-
-	"github.com/ovis-storage/ovis/block"
 )
 
 // This file holds the one rebuild of the refcount structures (QEMU's
@@ -273,63 +271,30 @@ func (img *Image) writeRefblocksLocked(r *imrt, first, end int64, table *[]uint6
 }
 
 // fixCopiedLocked sets the COPIED flags of the active L1 and L2 tables to
-// match refcounts == 1 and writes the tables it changed.
+// match refcounts == 1 (always, for clusters of an external data file),
+// writes the tables it changed and syncs.
 func (img *Image) fixCopiedLocked(refs []uint64) error {
-	cs := img.clusterSize
-	one := func(off uint64) bool {
-		i := off / uint64(cs)
-		return i < uint64(len(refs)) && refs[i] == 1
+	one := func(off uint64) (bool, error) {
+		i := off >> img.clusterBits
+		return i < uint64(len(refs)) && refs[i] == 1, nil
 	}
-	l1Changed := false
-	buf := make([]byte, cs)
-	for i, e := range img.l1 {
-		off := e & l1OffsetMask
-		if off == 0 {
-			continue
+	err := img.setCopiedLocked(one, func(m mapping) (bool, bool, error) {
+		h, ok := img.host(m)
+		if !ok || m.entry&flagCompressed != 0 {
+			return false, false, nil
 		}
-		want := e &^ flagCopied
-		if one(off) {
-			want |= flagCopied
-		}
-		if want != e {
-			img.l1[i] = want
-			l1Changed = true
-		}
-		if err := block.ReadFull(img.file, buf, int64(off)); err != nil {
+		copied, _ := one(h)
+		return copied || img.hasDataFile, true, nil
+	})
+	if err != nil {
+		return err
+	}
+	// The L1 entries go to disk now, before the header is marked clean.
+	for i := range img.l1Dirty {
+		if err := img.writeL1EntryLocked(i, img.l1[i]); err != nil {
 			return err
 		}
-		changed := false
-		for j := int64(0); j < img.l2Entries; j++ {
-			m := img.readEntry(buf, j)
-			h, ok := img.host(m)
-			if !ok || m.entry&flagCompressed != 0 {
-				continue
-			}
-			nm := m
-			nm.entry &^= flagCopied
-			if img.hasDataFile || one(h) {
-				nm.entry |= flagCopied
-			}
-			if nm != m {
-				img.writeEntry(buf, j, nm)
-				changed = true
-			}
-		}
-		if changed {
-			img.forgetTableLocked(off)
-			if _, err := img.file.WriteAt(buf, int64(off)); err != nil {
-				return fmt.Errorf("qcow2: writing L2 table at %#x: %w", off, err)
-			}
-		}
 	}
-	if l1Changed {
-		l1 := make([]byte, len(img.l1)*8)
-		for i, e := range img.l1 {
-			binary.BigEndian.PutUint64(l1[i*8:], e)
-		}
-		if _, err := img.file.WriteAt(l1, int64(img.hdr.L1TableOffset)); err != nil {
-			return fmt.Errorf("qcow2: writing L1 table: %w", err)
-		}
-	}
+	clear(img.l1Dirty)
 	return img.file.Sync()
 }

@@ -28,19 +28,23 @@ import (
 //     reference is reported as the byte range the metadata names
 //     (possibly unaligned, possibly past the end of the file): the
 //     callback decides what to count, report or refuse.
-//   - Data clusters in an external data file are not references to the
-//     image file and are never reported; compressed clusters always are
-//     (their sectors, as the descriptor names them).
-//   - Tables are read from the file each time (through read), never from
-//     the caches: dirty cached tables must have been written first. A
-//     callback may rewrite an entry on disk (check's repairs); the
-//     visitor does not read that table again.
+//   - Clusters in an external data file (data, or compressed, which is
+//     invalid there) are not references to the image file and are never
+//     reported. Refcount blocks are reported as their table entries
+//     (refblock), not read.
+//   - Tables are read from the file each time (L1 and L2 tables through
+//     read, bitmap structures in full), never from the caches: dirty
+//     cached tables must have been written first. A callback may
+//     rewrite an entry on disk (check's repairs); the visitor does not
+//     read that table again.
 //   - A callback returning an error stops the walk with that error.
 //     Callbacks must not change the L1 slices or the snapshot list being
 //     walked, nor the refcount table while refblock runs.
-//   - Locking: the caller holds mu with no I/O in flight (inside the
-//     exclusive gate, or flushMu and mu before the first write); the
-//     visitor does its I/O with it held.
+//   - Locking: the caller holds flushMu and mu, so that no metadata
+//     changes under the walk (inside the exclusive gate, or before the
+//     first write); the visitor does its I/O with mu held. A callback may
+//     release mu to load a table only inside the exclusive gate
+//     (addTreeRefsLocked's refcount updates).
 type treeVisitor struct {
 	img *Image
 	// fileSize bounds the bitmap structures, as QEMU's check does.
@@ -212,11 +216,7 @@ func (v *treeVisitor) l1(off uint64, size uint32, active bool) error {
 	if err != nil {
 		return err
 	}
-	l1 := make([]uint64, size)
-	for i := range l1 {
-		l1[i] = binary.BigEndian.Uint64(raw[i*8:])
-	}
-	return v.tree(l1, active)
+	return v.tree(parseL1(raw), active)
 }
 
 // tree visits the L2 tables an L1 table names and the clusters they map.
@@ -335,9 +335,14 @@ func (img *Image) readL1(off uint64, n uint32, fileSize int64) ([]uint64, error)
 	if err != nil {
 		return nil, err
 	}
-	l1 := make([]uint64, n)
+	return parseL1(buf), nil
+}
+
+// parseL1 decodes an L1 table.
+func parseL1(raw []byte) []uint64 {
+	l1 := make([]uint64, len(raw)/8)
 	for i := range l1 {
-		l1[i] = binary.BigEndian.Uint64(buf[i*8:])
+		l1[i] = binary.BigEndian.Uint64(raw[i*8:])
 	}
-	return l1, nil
+	return l1
 }
