@@ -117,10 +117,12 @@ func (img *Image) checkRefcountsLocked(ctx context.Context, res *CheckResult, fi
 	case k.rebuild && fix == RepairAll:
 		old := res.counters()
 		res.msg("Rebuilding refcount structure")
-		if err := img.rebuildInPlaceLocked(res, k.refs); err != nil {
+		tOff, tClusters, err := img.rebuildStructureLocked(k.refs, true)
+		if err != nil {
 			res.CheckErrors++
 			return err
 		}
+		res.Repairs = append(res.Repairs, Repair{Kind: RepairRebuild, Offset: uint64(tOff * img.clusterSize), After: uint64(tClusters)})
 		res.Corruptions, res.Leaks = 0, 0
 		// The new table replaced the old one: count again. Stopping
 		// from here on leaves the old structures leaked.

@@ -33,12 +33,15 @@
 //   - amend.go: amend
 //   - check.go: Check, the qemu-img check entry point
 //   - checkresult.go: check results, repairs, qemu-img's message formatting
-//   - checkwalk.go: check's reference count walk
+//   - treewalk.go: the one walk of the metadata tree, every reference to a
+//     host cluster, which check, the refcount rebuild and the snapshot
+//     operations visit with their own callbacks
+//   - checkwalk.go: check's callbacks on the walk, its reference count
 //   - checkcompare.go: check's refcount comparison and in-place repair
-//   - checkrebuild.go: check's refcount structure rebuild
 //   - checkcopied.go: check's COPIED pass and metadata overlap check
 //   - checksnap.go: check of the snapshot table
-//   - rebuild.go: refcount reconstruction
+//   - rebuild.go: the one refcount structure rebuild, for check -r, the
+//     lazy-refcounts recovery and amend's refcount width
 //   - overlap.go: the allocation overlap check
 //
 // Invariants:

@@ -36,49 +36,43 @@ func (img *Image) allocExclusiveLocked(n int64) (off uint64, err error) {
 // entryClusters returns the host clusters an L2 entry holds a reference
 // to (none for data in an external data file).
 func (img *Image) entryClusters(m mapping) []int64 {
-	if img.hasDataFile {
+	k, off, n, ok := img.entryRef(m)
+	if !ok {
 		return nil
 	}
-	if m.entry&flagCompressed != 0 {
-		off, n := img.compressedRange(m.entry)
-		start := int64(off&^511) >> img.clusterBits
-		end := (int64(off&^511) + n - 1) >> img.clusterBits
-		var out []int64
-		for i := start; i <= end; i++ {
-			out = append(out, i)
-		}
-		return out
+	return img.clustersOf(hostRef{kind: k, off: off, n: n})
+}
+
+// clustersOf returns the host clusters an L2 entry's reference r counts:
+// a data cluster's one, a compressed cluster's every cluster its sectors
+// touch.
+func (img *Image) clustersOf(r hostRef) []int64 {
+	if r.kind == refData {
+		return []int64{int64(r.off) >> img.clusterBits}
 	}
-	if h, ok := img.host(m); ok {
-		return []int64{int64(h) >> img.clusterBits}
+	first, last := img.refClusters(r)
+	var out []int64
+	for c := first; c <= last; c++ {
+		out = append(out, int64(c))
 	}
-	return nil
+	return out
 }
 
 // addTreeRefsLocked adds delta to the refcount of every L2 table an L1
 // table references and of every cluster those tables map.
 func (img *Image) addTreeRefsLocked(l1 []uint64, delta int64) error {
-	for _, e := range l1 {
-		l2off := e & l1OffsetMask
-		if l2off == 0 {
-			continue
+	v := &treeVisitor{img: img, ref: func(r hostRef) error {
+		if r.kind == refL2 {
+			return img.refAddLocked(int64(r.off)>>img.clusterBits, delta)
 		}
-		buf, err := img.readTableFile(l2off, img.clusterSize)
-		if err != nil {
-			return err
-		}
-		if err := img.refAddLocked(int64(l2off)>>img.clusterBits, delta); err != nil {
-			return err
-		}
-		for j := int64(0); j < img.l2Entries; j++ {
-			for _, c := range img.entryClusters(img.readEntry(buf, j)) {
-				if err := img.refAddLocked(c, delta); err != nil {
-					return fmt.Errorf("qcow2: L2 table at %#x entry %d: %w", l2off, j, err)
-				}
+		for _, c := range img.clustersOf(r) {
+			if err := img.refAddLocked(c, delta); err != nil {
+				return fmt.Errorf("qcow2: L2 table at %#x entry %d: %w", r.table, r.index, err)
 			}
 		}
-	}
-	return nil
+		return nil
+	}}
+	return v.tree(l1, false)
 }
 
 func (img *Image) clustersFor(n int64) int64 { return (n + img.clusterSize - 1) / img.clusterSize }

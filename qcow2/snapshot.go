@@ -410,31 +410,30 @@ func (img *Image) treeRefsFitLocked(l1 []uint64, delta int64) (fromZero bool, er
 	if err := img.metadataCountedLocked(); err != nil {
 		return false, err
 	}
-	for i, e := range l1 {
-		l2off := e & l1OffsetMask
-		if l2off == 0 {
-			continue
+	v := &treeVisitor{img: img}
+	v.ref = func(r hostRef) error {
+		switch {
+		case r.kind == refL2 && r.off%cs != 0:
+			return img.corruptionEventLocked("L2 table offset %#x unaligned (L1 index: %#x)", r.off, r.index)
+		case r.kind == refL2:
+			adds[int64(r.off>>img.clusterBits)]++
+			return nil
+		case r.kind == refData && r.off%cs != 0:
+			return img.corruptionEventLocked("Cluster allocation offset %#x unaligned (L2 offset: %#x, L2 index: %#x)", r.off, r.table, r.index)
 		}
-		if l2off%cs != 0 {
-			return false, img.corruptionEventLocked("L2 table offset %#x unaligned (L1 index: %#x)", l2off, i)
+		for _, c := range img.clustersOf(r) {
+			adds[c]++
 		}
-		adds[int64(l2off>>img.clusterBits)]++
-		buf, err := img.readTableFile(l2off, img.clusterSize)
-		if err != nil {
-			return false, err
+		return nil
+	}
+	v.l2Done = func(t *l2Visit) error {
+		if what := img.overlapLocked(t.off, cs, "active L2 table"); what != "" {
+			return img.corruptionEventLocked("Preventing invalid write on metadata (overlaps with %s)", what)
 		}
-		for j := int64(0); j < img.l2Entries; j++ {
-			m := img.readEntry(buf, j)
-			if h, ok := img.host(m); ok && m.entry&flagCompressed == 0 && !img.hasDataFile && h%cs != 0 {
-				return false, img.corruptionEventLocked("Cluster allocation offset %#x unaligned (L2 offset: %#x, L2 index: %#x)", h, l2off, j)
-			}
-			for _, c := range img.entryClusters(m) {
-				adds[c]++
-			}
-		}
-		if what := img.overlapLocked(l2off, cs, "active L2 table"); what != "" {
-			return false, img.corruptionEventLocked("Preventing invalid write on metadata (overlaps with %s)", what)
-		}
+		return nil
+	}
+	if err := v.tree(l1, false); err != nil {
+		return false, err
 	}
 	if delta == 0 {
 		return false, nil
