@@ -72,10 +72,15 @@ func TestImportDirection(t *testing.T) {
 				return ours(dep) && (under(dep, "nbd") || under(dep, "cluster")) ||
 					direct && slices.Contains(networkPackages, dep)
 			}},
-		{"nbd imports neither qcow2 nor the cluster",
+		{"nbd imports neither qcow2, convert nor the cluster",
 			func(p string) bool { return under(p, "nbd") },
 			func(p, dep string, direct bool) bool {
-				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
+				return ours(dep) && (under(dep, "qcow2") || under(dep, "convert") || under(dep, "cluster"))
+			}},
+		{"convert imports neither nbd nor the cluster",
+			func(p string) bool { return under(p, "convert") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "nbd") || under(dep, "cluster"))
 			}},
 		{"export, the middleware over any device, imports neither qcow2 nor the cluster",
 			func(p string) bool { return under(p, "export") },

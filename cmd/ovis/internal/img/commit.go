@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/convert"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -62,7 +63,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	err = commit(ctx, dev, cfg, prog, newRateLimiter(rate))
+	err = commit(ctx, dev, cfg, prog, convert.NewRateLimiter(rate))
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -77,7 +78,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 }
 
 // commit commits dev into its base and, unless cfg.Drop, empties dev.
-func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *rateLimiter) error {
+func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *convert.RateLimiter) error {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
@@ -145,10 +146,13 @@ func reopenBase(l layer, resize bool) (block.Device, error) {
 	return dev, nil
 }
 
+// copyChunk is the largest read or write commit makes, as convert's.
+const copyChunk = 2 << 20
+
 // commitInto copies the ranges of top decided above chain layer base into
 // target, the writable base. It stops once ctx is done, returning ctx's
 // error. rate paces the copy, by the bytes of the ranges copied.
-func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress, rate *rateLimiter) error {
+func commitInto(ctx context.Context, top *qcow2.Image, target block.Device, base int, prog *qemuProgress, rate *convert.RateLimiter) error {
 	size := top.Size()
 	if old := target.Size(); old < size {
 		// Growing a base over a longer backing file of its own zeroes
@@ -199,9 +203,9 @@ func (e jobError) Unwrap() error { return e.err }
 
 // copyRange copies [off, off+n) of src to dst, or zeroes it there. It
 // stops between chunks once ctx is done.
-func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte, rate *rateLimiter) error {
+func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bool, buf []byte, rate *convert.RateLimiter) error {
 	if zero {
-		if err := rate.wait(ctx, n); err != nil {
+		if err := rate.Wait(ctx, n); err != nil {
 			return err
 		}
 		if err := dst.WriteZeroes(ctx, off, n, 0); err != nil {
@@ -214,7 +218,7 @@ func copyRange(ctx context.Context, src, dst block.Device, off, n int64, zero bo
 			return err
 		}
 		k := min(int64(len(buf)), end-off)
-		if err := rate.wait(ctx, k); err != nil {
+		if err := rate.Wait(ctx, k); err != nil {
 			return err
 		}
 		if _, err := src.ReadAt(ctx, buf[:k], off); err != nil {

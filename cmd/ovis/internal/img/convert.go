@@ -7,12 +7,12 @@ import (
 	"io"
 	"math"
 	"os"
-	"runtime"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/convert"
 	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/qcow2"
 )
@@ -106,19 +106,7 @@ type ConvertConfig struct {
 }
 
 // DefaultWorkers is qemu-img convert's default for -m.
-const DefaultWorkers = 8
-
-// Defaults and limits of qemu-img convert.
-const (
-	defaultMinSparse = 4096
-	maxBufBytes      = 32768 * 512 // MAX_BUF_SECTORS
-	maxWorkers       = 16          // MAX_COROUTINES
-	// copyChunk is the largest read or write one worker makes.
-	copyChunk = 2 << 20
-	// zeroChunk is the largest WriteZeroes one worker makes, so that
-	// progress and cancellation stay responsive.
-	zeroChunk = 256 << 20
-)
+const DefaultWorkers = convert.DefaultWorkers
 
 // Convert copies an image into a new (or, with NoCreate, existing) image as
 // qemu-img convert does. The output is sparse: ranges the source reports
@@ -244,34 +232,41 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 			return fmt.Errorf("Format driver '%s' does not support bitmaps", format)
 		}
 	}
-	c := &copier{
-		src:         src,
-		dst:         dst,
-		minSparse:   minSparse,
-		workers:     workers,
-		hasZeroInit: (!cfg.NoCreate || cfg.TargetIsZero) && !targetHasBacking && minSparse > 0,
-		ordered:     !cfg.Unordered,
-		salvage:     cfg.Salvage,
-		copyRange:   cfg.CopyRange,
-		rate:        newRateLimiter(rate),
-		qprog:       qprog,
+	o := convert.Options{
+		Workers:    workers,
+		OutOfOrder: cfg.Unordered,
+		MinSparse:  minSparse,
+		// qemu-img's has_zero_init: a new output, or one the caller
+		// vouches for, that has no backing file.
+		TargetIsZero: (!cfg.NoCreate || cfg.TargetIsZero) && !targetHasBacking,
+		Compress:     cfg.Compress,
+		CopyRange:    cfg.CopyRange,
+		Salvage:      cfg.Salvage,
+		RateLimit:    rate,
+	}
+	if minSparse == 0 {
+		o.MinSparse = -1 // -S 0: no zero detection
 	}
 	if !cfg.Quiet {
-		c.warn = cfg.ProgressTo
-		if c.warn == nil {
-			c.warn = os.Stderr
+		w := cfg.warnTo()
+		o.Salvaged = func(err *convert.Error) {
+			what := "reading"
+			if err.Op == convert.OpBlockStatus {
+				what = "reading block status at"
+			}
+			fmt.Fprintf(w, "ovis: warning: error while %s offset %d: %s\n", what, err.Off, strerror(err.Err))
 		}
 	}
 	if img, ok := block.As[*qcow2.Image](src); ok && targetHasBacking && img.Backing() != nil {
-		c.copyTopOnly = true
+		o.TopOnly = true
 	}
 	if img, ok := block.As[*qcow2.Image](dst); ok && !cfg.NoCreate && img.Backing() != nil {
 		// qemu-img knows the backing file's length only for a new target.
 		// In sectors, rounded up as QEMU's total_sectors.
-		c.zeroSkipFrom = (img.Backing().Size() + 511) / 512 * 512
-		c.skipZeroTail = true
+		o.BackingEnd = (img.Backing().Size() + 511) / 512 * 512
+		o.HasBackingEnd = true
 	}
-	err = runCopy(ctx, c, cfg)
+	err = runCopy(ctx, dst, src, o, cfg, qprog)
 	if cerr := dst.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
 	}
@@ -417,28 +412,24 @@ func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error)
 	if len(parts) == 1 {
 		return parts[0], nil
 	}
-	return newConcat(parts), nil
+	return convert.Concat(parts...), nil
 }
 
-// convertLimits checks -S and -m with qemu-img's messages. Compression
-// gets at least one worker per CPU.
+// convertLimits checks -S and -m with qemu-img's messages.
 func convertLimits(cfg ConvertConfig) (minSparse int64, workers int, err error) {
-	minSparse = defaultMinSparse
+	minSparse = convert.DefaultMinSparse
 	if cfg.SparseSize != "" {
 		if minSparse, err = cvtnum("buffer size for sparse output", cfg.SparseSize, math.MaxInt64); err != nil {
 			return 0, 0, err
 		}
-		if minSparse%512 != 0 || minSparse > maxBufBytes {
+		if minSparse%512 != 0 || minSparse > convert.MaxMinSparse {
 			return 0, 0, fmt.Errorf("Invalid buffer size for sparse output specified. Valid sizes are multiples of %d up to %d. "+
-				"Select 0 to disable sparse detection (fully allocates output).", 512, maxBufBytes)
+				"Select 0 to disable sparse detection (fully allocates output).", 512, convert.MaxMinSparse)
 		}
 	}
 	workers = cfg.Workers
-	if workers < 1 || workers > maxWorkers {
-		return 0, 0, fmt.Errorf("Invalid number of coroutines. Allowed number of coroutines is between 1 and %d", maxWorkers)
-	}
-	if cfg.Compress {
-		workers = max(workers, runtime.NumCPU())
+	if workers < 1 || workers > convert.MaxWorkers {
+		return 0, 0, fmt.Errorf("Invalid number of coroutines. Allowed number of coroutines is between 1 and %d", convert.MaxWorkers)
 	}
 	return minSparse, workers, nil
 }
@@ -497,36 +488,64 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 	return hasBacking, nil
 }
 
-// runCopy checks the output against the copy's needs and runs it, with a
-// progress bar for -p.
-func runCopy(ctx context.Context, c *copier, cfg ConvertConfig) error {
-	if cfg.Compress {
-		img, ok := block.As[*qcow2.Image](c.dst)
-		if !ok {
-			return errors.New("Compression not supported for this file format")
-		}
-		c.compressed = img
-		c.clusterSize = img.ClusterSize()
+// runCopy checks the output against the copy's needs, with qemu-img's
+// messages, and runs it, with a progress bar or qemu-img's figures for -p.
+func runCopy(ctx context.Context, dst, src block.Device, o convert.Options, cfg ConvertConfig, qprog *qemuProgress) error {
+	if _, ok := block.As[*qcow2.Image](dst); cfg.Compress && !ok {
+		return errors.New("Compression not supported for this file format")
 	}
-	if c.dst.Size() < c.src.Size() {
+	if dst.Size() < src.Size() {
 		return errors.New("output file is smaller than input file")
 	}
 	progressTo := cfg.ProgressTo
 	if progressTo == nil {
 		progressTo = os.Stderr
 	}
-	if cfg.Progress && !cfg.Quiet && c.qprog == nil {
-		c.bar = newProgressBar(c.src.Size(), progressTo)
+	var bar *progressbar.ProgressBar
+	switch {
+	case qprog != nil:
+		o.DataProgress = func(queued, total int64) {
+			qprog.print(float32(100*float64(queued)/float64(total)), 0)
+		}
+	case cfg.Progress && !cfg.Quiet:
+		bar = newProgressBar(src.Size(), progressTo)
+		o.Progress = func(done, _ int64) { bar.Set64(done) }
 	}
-	err := c.run(ctx)
+	err := qemuCopyError(convert.Copy(ctx, dst, src, o))
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("interrupted; %s is incomplete: %w", cfg.Dest, ctx.Err())
 	}
-	if c.bar != nil {
+	if bar != nil {
 		if err == nil {
-			c.bar.Finish()
+			bar.Finish()
 		}
 		fmt.Fprintln(progressTo)
+	}
+	return err
+}
+
+// qemuCopyError words a failed step of the copy as qemu-img convert does.
+func qemuCopyError(err error) error {
+	var ce *convert.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	switch ce.Op {
+	case convert.OpBlockStatus:
+		return fmt.Errorf("error while reading block status at offset %d: %w", ce.Off, ce.Err)
+	case convert.OpRead:
+		return fmt.Errorf("error while reading at byte %d: %w", ce.Off, ce.Err)
+	case convert.OpWrite:
+		return fmt.Errorf("error while writing at byte %d: %w", ce.Off, ce.Err)
+	case convert.OpCompress:
+		if ce.Off < 0 {
+			return fmt.Errorf("error while compressing: %w", ce.Err)
+		}
+		return fmt.Errorf("error while compressing cluster at byte %d: %w", ce.Off, ce.Err)
+	case convert.OpWriteCompressed:
+		return fmt.Errorf("error while writing compressed cluster at byte %d: %w", ce.Off, ce.Err)
+	case convert.OpFlush:
+		return fmt.Errorf("error while flushing the output: %w", ce.Err)
 	}
 	return err
 }

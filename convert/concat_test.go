@@ -1,12 +1,10 @@
-package img
+package convert
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -35,7 +33,7 @@ func TestConcat(t *testing.T) {
 		model = append(model, b...)
 		model = append(model, make([]byte, (512-size%512)%512)...)
 	}
-	c := newConcat(parts)
+	c := Concat(parts...)
 	defer c.Close()
 	if c.Size() != int64(len(model)) {
 		t.Fatalf("Size = %d, want %d", c.Size(), len(model))
@@ -75,32 +73,5 @@ func TestConcat(t *testing.T) {
 	}
 	if _, err := c.WriteAt(ctx, []byte{1}, 0, 0); err == nil {
 		t.Fatal("WriteAt succeeded on concatenated sources")
-	}
-}
-
-// TestRateLimiter requires n bytes to take at least n/rate seconds however
-// many goroutines write, and a cancelled context to end the wait.
-func TestRateLimiter(t *testing.T) {
-	if newRateLimiter(0) != nil {
-		t.Fatal("a rate of 0 limits")
-	}
-	r := newRateLimiter(1 << 20)
-	start := time.Now()
-	done := make(chan error)
-	for range 4 {
-		go func() { done <- r.wait(context.Background(), 64<<10) }()
-	}
-	for range 4 {
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if d := time.Since(start); d < 250*time.Millisecond {
-		t.Fatalf("256 KiB at 1 MiB/s took %v, want at least 250ms", d)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := r.wait(ctx, 1<<30); err == nil {
-		t.Fatal("wait ignored a cancelled context")
 	}
 }

@@ -1,4 +1,4 @@
-package img
+package convert
 
 import (
 	"context"
@@ -9,12 +9,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 )
 
-// concat is what qemu-img convert reads when it is given several source
-// images: one read-only device whose parts follow each other. Each part
-// takes its size rounded up to whole 512-byte sectors (QEMU counts
-// sources in sectors), and the bytes past a part's end read as zeros.
-//
-// Safe for concurrent use when its parts are.
+// concat is several sources read as one: see Concat.
 type concat struct {
 	parts []block.Device
 	// starts[i] is where part i begins; starts[len(parts)] is the size.
@@ -23,11 +18,18 @@ type concat struct {
 
 var _ block.Device = (*concat)(nil)
 
-var errConcatReadOnly = errors.New("concatenated sources are read-only")
+// ErrReadOnly is what the writing methods of a Concat device return.
+var ErrReadOnly = errors.New("convert: concatenated sources are read-only")
 
-// newConcat joins parts in order. It takes ownership of them: Close
-// closes them all.
-func newConcat(parts []block.Device) *concat {
+// Concat joins parts, in order, into one read-only device, as qemu-img
+// convert reads several source images: each part takes its size rounded
+// up to whole 512-byte sectors, and the bytes past a part's end read as
+// zeros (and are reported as a hole). Extents never merge runs across a
+// part's end. Writes fail with ErrReadOnly; Flush does nothing.
+//
+// The device owns the parts: its Close closes them all and returns the
+// first error. Safe for concurrent use when the parts are.
+func Concat(parts ...block.Device) block.Device {
 	c := &concat{parts: parts, starts: make([]int64, len(parts)+1)}
 	for i, p := range parts {
 		c.starts[i+1] = c.starts[i] + (p.Size()+511)&^511
@@ -92,13 +94,11 @@ func (c *concat) Extents(ctx context.Context, off, n int64, dst []block.Extent) 
 func (c *concat) Size() int64 { return c.starts[len(c.parts)] }
 
 func (c *concat) WriteAt(context.Context, []byte, int64, block.Flags) (int, error) {
-	return 0, errConcatReadOnly
+	return 0, ErrReadOnly
 }
-func (c *concat) WriteZeroes(context.Context, int64, int64, block.Flags) error {
-	return errConcatReadOnly
-}
-func (c *concat) Discard(context.Context, int64, int64, block.Flags) error { return errConcatReadOnly }
-func (c *concat) Flush(context.Context) error                              { return nil }
+func (c *concat) WriteZeroes(context.Context, int64, int64, block.Flags) error { return ErrReadOnly }
+func (c *concat) Discard(context.Context, int64, int64, block.Flags) error     { return ErrReadOnly }
+func (c *concat) Flush(context.Context) error                                  { return nil }
 
 // Close closes every part and returns the first error.
 func (c *concat) Close() error {

@@ -1,4 +1,4 @@
-package img
+package convert
 
 import (
 	"context"
@@ -78,7 +78,7 @@ func (d *fakeDev) extent(off, n int64) (block.Extent, error) {
 	return block.Extent{Length: end - off, Status: block.StatusZero | block.StatusHole}, nil
 }
 
-// TestCopierOrderedStress runs the copy loop (mostly ordered) many times
+// TestCopierOrderedStress runs Copy (mostly ordered) many times
 // over devices with random pauses, with 1 to 16 workers: it must finish
 // (no lost job or buffer) and write every data byte once.
 func TestCopierOrderedStress(t *testing.T) {
@@ -89,16 +89,16 @@ func TestCopierOrderedStress(t *testing.T) {
 	for i := range iters {
 		src := newFakeDev(32<<20, int64(i))
 		dst := newFakeDev(32<<20, int64(i)+1000)
-		c := &copier{src: src, dst: dst, minSparse: defaultMinSparse, workers: 1 + i%16, hasZeroInit: true, ordered: i%4 != 3}
+		o := Options{Workers: 1 + i%16, TargetIsZero: true, OutOfOrder: i%4 == 3}
 		done := make(chan error, 1)
-		go func() { done <- c.run(context.Background()) }()
+		go func() { done <- Copy(context.Background(), dst, src, o) }()
 		select {
 		case err := <-done:
 			if err != nil {
 				t.Fatalf("iteration %d: %v", i, err)
 			}
 		case <-time.After(30 * time.Second):
-			t.Fatalf("iteration %d (workers %d, ordered %v): the copy did not finish", i, c.workers, c.ordered)
+			t.Fatalf("iteration %d (workers %d, ordered %v): the copy did not finish", i, o.Workers, !o.OutOfOrder)
 		}
 		var n int64
 		for _, p := range dst.data {
