@@ -16,9 +16,11 @@ import (
 // maxChainDepth bounds backing chains, as a guard beside loop detection.
 const maxChainDepth = 256
 
-// Probe returns "qcow2" when the file at path starts with the qcow2 magic
-// and "raw" otherwise, as QEMU's format probing does for these two.
-func Probe(path string) (string, error) {
+// probe returns "qcow2" when the file at path starts with the qcow2 magic
+// and "raw" otherwise, as QEMU's format probing does for these two: the
+// fallback of backing files opened without Options.OpenBacking (package
+// image probes every registered format).
+func probe(path string) (string, error) {
 	if isPseudoFilename(path) {
 		p, format, err := SplitFilename(path, "")
 		if err != nil || format != "" {
@@ -39,12 +41,26 @@ func Probe(path string) (string, error) {
 	return "raw", nil
 }
 
-// OpenDevice opens path as format "qcow2" or "raw" ("" probes) and returns
-// it as a block.Device. Only o.ReadOnly and o.OpenFile apply to raw files.
-func OpenDevice(path, format string, o Options) (block.Device, error) {
-	return openDevice(path, format, o, nil)
+// OpenRaw opens the raw image at path with the image locks QEMU takes on
+// a raw image (see Options: ReadOnly, Resize, NoShare, ForceShare,
+// FixedSize, NoLock, Reopen and OpenFile apply; the rest does not). It is
+// how package image opens raw images and how qcow2 opens raw backing
+// files without Options.OpenBacking.
+func OpenRaw(path string, o Options) (*block.Raw, error) {
+	f, err := o.openLocked(path, roleRaw)
+	if err != nil {
+		return nil, err
+	}
+	r, err := block.NewRaw(f, o.ReadOnly)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
+// openDevice opens a backing file as format "qcow2" or "raw" ("" probes):
+// the fallback of Options.OpenBacking.
 func openDevice(path, format string, o Options, seen map[string]bool) (block.Device, error) {
 	if isPseudoFilename(path) {
 		p, f, err := SplitFilename(path, format)
@@ -55,7 +71,7 @@ func openDevice(path, format string, o Options, seen map[string]bool) (block.Dev
 	}
 	if format == "" {
 		var err error
-		if format, err = Probe(path); err != nil {
+		if format, err = probe(path); err != nil {
 			return nil, fmt.Errorf("qcow2: %w", err)
 		}
 	}
@@ -63,16 +79,7 @@ func openDevice(path, format string, o Options, seen map[string]bool) (block.Dev
 	case "qcow2":
 		return openChain(path, o, seen)
 	case "raw":
-		f, err := o.openLocked(path, roleRaw)
-		if err != nil {
-			return nil, err
-		}
-		r, err := block.NewRaw(f, o.ReadOnly)
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		return r, nil
+		return OpenRaw(path, o)
 	}
 	return nil, fmt.Errorf("qcow2: unknown format %q", format)
 }
@@ -166,7 +173,14 @@ func (img *Image) openBacking(o Options, seen map[string]bool) error {
 	bo.NoBacking = false
 	bo.ForCheck = false // only the image checked is opened for check
 	bo.FixedSize, bo.Resize, bo.NoLock, bo.Reopen = false, false, false, false
-	b, err := openDevice(p, img.hdr.BackingFormat, bo, seen)
+	var b block.Device
+	var err error
+	if o.OpenBacking != nil {
+		bo.seen = seen
+		b, err = o.OpenBacking(p, img.hdr.BackingFormat, bo)
+	} else {
+		b, err = openDevice(p, img.hdr.BackingFormat, bo, seen)
+	}
 	if err != nil {
 		return fmt.Errorf("qcow2: %s: opening backing file: %w", img.path, err)
 	}

@@ -24,7 +24,7 @@ func Create(path string, o CreateOptions) error {
 		if !isAbs(bp) {
 			bp = joinDir(path, bp)
 		}
-		b, err := OpenDevice(bp, o.BackingFormat, Options{ReadOnly: true})
+		b, err := openDevice(bp, o.BackingFormat, Options{ReadOnly: true}, nil)
 		if err != nil {
 			return fmt.Errorf("Could not open backing file: %w", err)
 		}

@@ -19,7 +19,8 @@
 //   - map.go: MapAt, where guest runs live
 //   - flush.go: crash-ordered writeback
 //   - create.go: image creation
-//   - backing.go: backing files and format probing
+//   - backing.go: backing files (through Options.OpenBacking, which package
+//     image sets, or a qcow2-or-raw fallback), OpenRaw, file: and json: names
 //   - compress.go: deflate and zstd
 //   - bitmap.go: persistent dirty bitmaps
 //   - metrics.go: Prometheus cache counters

@@ -202,7 +202,7 @@ func Open(path string, o Options) (*Image, error) {
 		}
 		path = p
 	}
-	return openChain(path, o, nil)
+	return openChain(path, o, o.seen)
 }
 
 func openChain(path string, o Options, seen map[string]bool) (*Image, error) {

@@ -87,6 +87,19 @@ type Options struct {
 	// image (bitmaps another program invalidated), as QEMU words them:
 	// the warning, then its hint without a final newline.
 	Warn func(warning, hint string)
+	// OpenBacking, when set, opens a backing file: name is its path,
+	// resolved against the image's folder (or a file: or json: name),
+	// format the backing format the image records ("" to probe), and o
+	// the options to open it with (read-only, and this hook again). A
+	// qcow2 backing file must be opened with Open and o as given, which
+	// carries what finds backing loops. Package image sets it to open
+	// any registered format. nil opens qcow2 and raw backing files only,
+	// probing between the two.
+	OpenBacking func(name, format string, o Options) (block.Device, error)
+
+	// seen holds the files of the chain opened so far, for loop
+	// detection across OpenBacking (see openBacking).
+	seen map[string]bool
 }
 
 // fileRole is what a file is to the image being opened, which decides

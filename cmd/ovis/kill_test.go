@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/internal/testutil"
 	"github.com/ovis-storage/ovis/qcow2"
 )
@@ -353,17 +354,17 @@ func sectorID(b []byte, s int) int64 {
 // verify reads the client's region of the image with ovis's engine and
 // checks every sector against the model; then the model takes what is on
 // disk as the new durable state, since the next round starts from it.
-func (m *killModel) verify(t *testing.T, round int, image, format string) bool {
+func (m *killModel) verify(t *testing.T, round int, file, format string) bool {
 	t.Helper()
-	dev, err := qcow2.OpenDevice(image, format, qcow2.Options{ReadOnly: true})
+	dev, err := image.Open(file, format, qcow2.Options{ReadOnly: true})
 	if err != nil {
-		t.Errorf("round %d: open %s: %v", round, image, err)
+		t.Errorf("round %d: open %s: %v", round, file, err)
 		return false
 	}
 	defer dev.Close()
 	buf := make([]byte, killRegion)
 	if _, err := dev.ReadAt(ctx, buf, 0); err != nil && !errors.Is(err, io.EOF) {
-		t.Errorf("round %d: read %s: %v", round, image, err)
+		t.Errorf("round %d: read %s: %v", round, file, err)
 		return false
 	}
 	bad, lost, newer := 0, 0, 0

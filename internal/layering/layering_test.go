@@ -66,16 +66,21 @@ func TestImportDirection(t *testing.T) {
 		{"block imports no ovis package",
 			func(p string) bool { return under(p, "block") },
 			func(p, dep string, direct bool) bool { return ours(dep) }},
-		{"qcow2 imports neither nbd, the cluster nor the network",
+		{"qcow2 imports neither nbd, image, convert, the cluster nor the network",
 			func(p string) bool { return under(p, "qcow2") },
 			func(p, dep string, direct bool) bool {
-				return ours(dep) && (under(dep, "nbd") || under(dep, "cluster")) ||
+				return ours(dep) && (under(dep, "nbd") || under(dep, "image") || under(dep, "convert") || under(dep, "cluster")) ||
 					direct && slices.Contains(networkPackages, dep)
 			}},
-		{"nbd imports neither qcow2, convert nor the cluster",
+		{"nbd imports neither qcow2, image, convert nor the cluster",
 			func(p string) bool { return under(p, "nbd") },
 			func(p, dep string, direct bool) bool {
-				return ours(dep) && (under(dep, "qcow2") || under(dep, "convert") || under(dep, "cluster"))
+				return ours(dep) && (under(dep, "qcow2") || under(dep, "image") || under(dep, "convert") || under(dep, "cluster"))
+			}},
+		{"image imports neither nbd, convert nor the cluster",
+			func(p string) bool { return under(p, "image") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "nbd") || under(dep, "convert") || under(dep, "cluster"))
 			}},
 		{"convert imports neither nbd nor the cluster",
 			func(p string) bool { return under(p, "convert") },

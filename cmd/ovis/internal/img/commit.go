@@ -10,6 +10,7 @@ import (
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/convert"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -136,7 +137,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 // reported in QEMU's words alone; resize is for a raw base to grow, which
 // takes the resize permission as QEMU's commit job does.
 func reopenBase(l layer, resize bool) (block.Device, error) {
-	dev, err := qcow2.OpenDevice(l.path, l.format, trust(l.path, qcow2.Options{Reopen: true, Resize: resize}))
+	dev, err := image.Open(l.path, l.format, trust(l.path, qcow2.Options{Reopen: true, Resize: resize}))
 	if err != nil {
 		if le := (*block.LockError)(nil); errors.As(err, &le) {
 			return nil, le

@@ -14,6 +14,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/convert"
 	"github.com/ovis-storage/ovis/export"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -392,7 +393,7 @@ func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error)
 		}
 		// As qemu-img's BDRV_O_NO_SHARE: no other holder, in this
 		// process or another, may write the source chain meanwhile.
-		dev, err := qcow2.OpenDevice(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, NoShare: true, OpenFile: block.OpenFileFor(cache)}))
+		dev, err := image.Open(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, NoShare: true, OpenFile: block.OpenFileFor(cache)}))
 		if err != nil {
 			// The layer that failed, as openImage names it.
 			return fail(wrapMsg(err, "Could not open '%s': %s", displayName(name), chainReason(name, cfg.SourceFormat, err, 0)))
@@ -581,7 +582,7 @@ func openTarget(path, format string, existing bool, cache block.CacheMode) (bloc
 		}
 	}
 	// format is "" only under --target-image-opts without a driver.
-	dev, err := qcow2.OpenDevice(path, format, trust(path, qcow2.Options{OpenFile: open}))
+	dev, err := image.Open(path, format, trust(path, qcow2.Options{OpenFile: open}))
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -120,13 +121,13 @@ func create(cfg CreateConfig, format, options string, imgSize int64, stdout io.W
 			return fmt.Errorf("Unknown driver '%s'\nCould not open backing image.", backingFmt)
 		}
 		// Only its size is read: QEMU opens it even while in use.
-		dev, err := qcow2.OpenDevice(full, backingFmt, qcow2.Options{ReadOnly: true, NoBacking: true, ForceShare: true})
+		dev, err := image.Open(full, backingFmt, qcow2.Options{ReadOnly: true, NoBacking: true, ForceShare: true})
 		if err != nil {
 			return fmt.Errorf("%s\nCould not open backing image.", openReason(err))
 		}
 		probed := backingFmt
 		if probed == "" {
-			probed, _ = qcow2.Probe(full)
+			probed, _ = image.Probe(full)
 		}
 		bsize := dev.Size()
 		dev.Close()

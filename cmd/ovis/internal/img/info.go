@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -137,7 +138,7 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		return nil, err
 	}
 	if format == "" {
-		if format, err = qcow2.Probe(filename); err != nil {
+		if format, err = image.Probe(filename); err != nil {
 			return nil, openError(filename, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -33,7 +34,7 @@ func openTrusted(filename, format string, o, t qcow2.Options) (block.Device, err
 	if t.ForceShare && !t.ReadOnly {
 		return nil, fmt.Errorf("Could not open '%s': force-share=on can only be used with read-only images", displayName(filename))
 	}
-	dev, err := qcow2.OpenDevice(filename, format, t)
+	dev, err := image.Open(filename, format, t)
 	if err == nil {
 		return dev, nil
 	}
@@ -64,7 +65,7 @@ func chainReasonAbove(filename, format string, err error, depth int, writer os.F
 	if le := (*block.LockError)(nil); depth > 16 || errors.As(err, &le) && le.Path == filename {
 		return openReason(err)
 	}
-	dev, err1 := qcow2.OpenDevice(filename, format, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true}))
+	dev, err1 := image.Open(filename, format, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true}))
 	if err1 != nil {
 		return openReason(err1)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/ovis-storage/ovis/export"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -27,12 +28,12 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 	if format == "qcow2" {
 		// QEMU's qcow2 driver refuses a file without the magic before
 		// reading further; say so rather than report a short header.
-		if f, err := qcow2.Probe(c.File); err == nil && f != "qcow2" {
+		if f, err := image.Probe(c.File); err == nil && f != "qcow2" {
 			return nil, "", nil, &msgError{msg: fmt.Sprintf("Failed to blk_new_open '%s': Image is not in qcow2 format", c.File)}
 		}
 	}
 	if format == "" {
-		f, err := qcow2.Probe(c.File)
+		f, err := image.Probe(c.File)
 		if err != nil {
 			return nil, "", nil, openError(c.File, err)
 		}
@@ -69,7 +70,7 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 	} else {
 		// Clients are told the size: others may not resize the image.
 		o.FixedSize = true
-		dev, err = qcow2.OpenDevice(c.File, format, o)
+		dev, err = image.Open(c.File, format, o)
 	}
 	if err != nil {
 		return nil, "", nil, openErrorAs(display, c.File, err)
@@ -91,8 +92,8 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 			return nil, "", nil, err
 		}
 	}
-	image, _ := block.As[*qcow2.Image](dev)
-	if image != nil && !o.ReadOnly && c.Warnings != nil {
+	qimg, _ := block.As[*qcow2.Image](dev)
+	if qimg != nil && !o.ReadOnly && c.Warnings != nil {
 		// qemu-nbd repairs a dirty lazy-refcounts image when it opens it
 		// for writing, and prints the repair.
 		if err := img.RepairDirty(ctx, dev, display, c.Warnings); err != nil {
@@ -100,14 +101,14 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 			return nil, "", nil, &msgError{msg: "Failed to blk_new_open " + strings.TrimPrefix(err.Error(), "Could not open ")}
 		}
 	}
-	if image != nil && c.Discard == DiscardUnmap {
+	if qimg != nil && c.Discard == DiscardUnmap {
 		// discard=unmap sets BDRV_O_UNMAP, which turns on qcow2's
 		// pass-discard-request: the clusters a TRIM (or a zero write
 		// allowed to unmap) frees are punched in the host file too.
-		image.SetPassDiscardRequest(true)
+		qimg.SetPassDiscardRequest(true)
 	}
 	dev = export.WithCacheMode(dev, c.Cache)
-	return export.WithPolicy(dev, c.Discard, c.DetectZeroes), format, image, nil
+	return export.WithPolicy(dev, c.Discard, c.DetectZeroes), format, qimg, nil
 }
 
 // openOverlay makes a qcow2 overlay in os.TempDir whose backing file is
@@ -115,8 +116,8 @@ func openDevice(ctx context.Context, c *Config) (block.Device, string, *qcow2.Im
 // file is all that is left of it, so it is gone when the device is
 // closed, even if the process is killed. The image is opened read-only
 // as the overlay's backing file.
-func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.Device, error) {
-	abs, err := filepath.Abs(image)
+func openOverlay(file, format string, o qcow2.Options, readOnly bool) (block.Device, error) {
+	abs, err := filepath.Abs(file)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +129,7 @@ func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.De
 		// references are what must stay in its folder.
 		chk := o
 		chk.ReadOnly = true
-		d, err := qcow2.OpenDevice(abs, format, chk)
+		d, err := image.Open(abs, format, chk)
 		if err != nil {
 			return nil, err
 		}
@@ -146,11 +147,7 @@ func openOverlay(image, format string, o qcow2.Options, readOnly bool) (block.De
 		return nil, fmt.Errorf("Could not create temporary overlay: %w", err)
 	}
 	o.ReadOnly = readOnly
-	img, err := qcow2.Open(path, o)
-	if err != nil {
-		return nil, err
-	}
-	return img, nil
+	return image.Open(path, "qcow2", o)
 }
 
 // openError is qemu-nbd's message for an image it cannot open, keeping
