@@ -10,6 +10,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newImgCmd(), newNBDCmd(), newUpCmd())
+	root.AddCommand(newImgCmd(), newNBDCmd(), newUpCmd(), newNodeCmd(), newClusterCmd(), newVDICmd())
 	return root
 }

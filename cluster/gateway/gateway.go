@@ -1,0 +1,569 @@
+// Package gateway is a VDI as a block.Device: every request is split by
+// object and sent to the object's replicas over the node-to-node protocol.
+//
+// Any node is a gateway; so is a tool that opens a VDI. The gateway holds
+// no data and no metadata beyond the VDI's shape, the fencing token its
+// owner was given, and the set of nodes written to since the last flush.
+//
+// Invariants:
+//
+//  1. A write (data, zeroes, discard) is acknowledged only once every
+//     replica of every object it touches has acknowledged it. A replica's
+//     failure fails the request: no write is acknowledged with a copy
+//     missing.
+//  2. A write with block.FUA goes to each replica as one request with
+//     protocol.FlagSync, and marks nothing dirty: each replica makes just
+//     that range durable before it answers. It never becomes a flush.
+//  3. A plain write marks each replica that acknowledged it dirty before
+//     WriteAt returns, so a Flush called after it returns covers it.
+//     Flush sends one flush of the VDI to each dirty node, and only to
+//     those.
+//  4. Every request carries the epoch of the view it was placed with.
+//     A replica of a newer epoch refuses it (StatusOldEpoch); the gateway
+//     waits for that epoch's view, places the request again and resends
+//     it, so the client never sees the refusal. Writes are idempotent
+//     (the same bytes at the same offsets), so resending one that some
+//     replicas applied is safe.
+//  5. A writable device carries its owner's fencing token on every
+//     mutating request, and Open sends it to every node of the epoch
+//     first: a node refuses tokens lower than the highest it has seen
+//     for the VDI, so an owner that lost its lock cannot change a byte.
+//  6. A read goes to one replica, the local one when there is one, and
+//     falls back to the others in placement order on error. An object no
+//     replica holds (StatusNoEnt from one, with no data from any) reads
+//     as zeros: objects are created on first write, on every replica.
+//
+// Locking: mu guards dirty and closed only; it is never held across a
+// call to a node.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+)
+
+// Caller sends one request to the node at addr and waits for its answer
+// (protocol.Pool). A refusal comes back as a *protocol.Error.
+type Caller interface {
+	Call(ctx context.Context, addr string, req *protocol.Request, resp *protocol.Response) error
+}
+
+// Config describes the VDI a Device serves and how to reach its objects.
+type Config struct {
+	VDI         object.VDI
+	Name        string // for errors and logs
+	Size        int64
+	Copies      int
+	ObjectShift uint8
+
+	// Token is the owner's fencing token (the lock's revision). Zero opens
+	// the device read-only.
+	Token uint64
+
+	Views Views
+	Net   Caller
+
+	// Local is the ID of the node this gateway runs on, whose copies are
+	// read first; empty when there is none.
+	Local string
+
+	// RetryTimeout bounds how long one request waits for the membership
+	// to settle (new epochs, nodes catching up) before it fails. Zero
+	// means 30 s.
+	RetryTimeout time.Duration
+}
+
+// Device is one VDI. It is safe for concurrent use; several NBD
+// connections share one, so that a flush on any of them covers writes
+// made on all (CAN_MULTI_CONN).
+type Device struct {
+	cfg     Config
+	objSize int64
+
+	mu     sync.Mutex
+	dirty  map[string]struct{} // node IDs with unflushed writes of this VDI
+	closed bool
+}
+
+var (
+	_ block.Device = (*Device)(nil)
+
+	// ErrNoReplica is returned when no replica of an object could be
+	// reached or answered.
+	ErrNoReplica = errors.New("gateway: no replica answered")
+)
+
+// Open returns the Device of a VDI. A writable one (Token ≠ 0) first
+// sends its token to every node of the current epoch, so that the
+// VDI's previous owner is fenced before this one writes.
+func Open(ctx context.Context, cfg Config) (*Device, error) {
+	switch {
+	case cfg.VDI == 0:
+		return nil, errors.New("gateway: VDI id 0")
+	case cfg.Views == nil || cfg.Net == nil:
+		return nil, errors.New("gateway: no views or no network")
+	case cfg.Copies < 1:
+		return nil, fmt.Errorf("gateway: vdi %s: %d copies", cfg.Name, cfg.Copies)
+	case cfg.ObjectShift < object.MinSizeShift || cfg.ObjectShift > object.MaxSizeShift:
+		return nil, fmt.Errorf("gateway: vdi %s: object size 2^%d out of range", cfg.Name, cfg.ObjectShift)
+	case cfg.Size < 0 || cfg.Size > object.MaxVDISize(1<<cfg.ObjectShift):
+		return nil, fmt.Errorf("gateway: vdi %s: size %d out of range", cfg.Name, cfg.Size)
+	}
+	if cfg.RetryTimeout == 0 {
+		cfg.RetryTimeout = 30 * time.Second
+	}
+	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}}
+	if cfg.Token != 0 {
+		if err := d.fence(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// fence sends the token to every node of the epoch. Every node must take
+// it: a node that missed it would still take the old owner's writes.
+func (d *Device) fence(ctx context.Context) error {
+	return d.retry(ctx, func(v *View) error {
+		nodes := v.Map.Nodes()
+		return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i].ID }, func(req *protocol.Request) {
+			req.Op = protocol.OpFence
+			req.Object = object.Make(d.cfg.VDI, 0)
+		}, nil)
+	})
+}
+
+// Size is the VDI's size.
+func (d *Device) Size() int64 { return d.cfg.Size }
+
+// ReadOnly reports whether the device was opened without a token.
+func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
+
+// Close marks the device closed. It does not flush: the NBD server and
+// every other user flush before they close, and a VDI's replicas keep
+// what they were sent either way.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return block.ErrClosed
+	}
+	d.closed = true
+	return nil
+}
+
+func (d *Device) check(off, n int64, write bool) error {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	switch {
+	case closed:
+		return block.ErrClosed
+	case write && d.cfg.Token == 0:
+		return block.ErrReadOnly
+	}
+	return block.CheckRange(off, n, d.cfg.Size)
+}
+
+// piece is the part of a request that falls in one object.
+type piece struct {
+	obj object.ID
+	off int64 // within the object
+	n   int64
+	pos int64 // within the request
+}
+
+// pieces splits [off, off+n) by object.
+func (d *Device) pieces(off, n int64) []piece {
+	var ps []piece
+	for pos := int64(0); pos < n; {
+		at := off + pos
+		idx := at >> d.cfg.ObjectShift
+		in := at & (d.objSize - 1)
+		l := min(n-pos, d.objSize-in)
+		ps = append(ps, piece{obj: object.Make(d.cfg.VDI, uint32(idx)), off: in, n: l, pos: pos})
+		pos += l
+	}
+	return ps
+}
+
+// each runs fn on every piece, in parallel, and returns the first error.
+func (d *Device) each(ps []piece, fn func(i int, pc piece) error) error {
+	if len(ps) == 1 {
+		return fn(0, ps[0])
+	}
+	errs := make([]error, len(ps))
+	var wg sync.WaitGroup
+	for i := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(i, ps[i])
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// replicas returns the nodes that hold obj in v. With fewer failure
+// domains than copies (a cluster that lost nodes) the object is on every
+// domain there is.
+func (d *Device) replicas(v *View, obj object.ID) ([]string, error) {
+	copies := min(d.cfg.Copies, v.Map.Zones())
+	nodes, err := v.Map.Place(obj, copies, make([]string, 0, copies))
+	if err != nil {
+		return nil, fmt.Errorf("gateway: vdi %s object %s: %w", d.cfg.Name, obj, err)
+	}
+	return nodes, nil
+}
+
+// retry runs try with the newest view, and again with a newer one while
+// a node refuses the request's epoch, until RetryTimeout.
+func (d *Device) retry(ctx context.Context, try func(v *View) error) error {
+	deadline := time.Now().Add(d.cfg.RetryTimeout)
+	v := d.cfg.Views.View()
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		err := try(v)
+		if err == nil {
+			return nil
+		}
+		switch protocol.StatusOf(err) {
+		case protocol.StatusOldEpoch:
+			// A node knows a newer epoch: place the request by it.
+			wctx, cancel := context.WithDeadline(ctx, deadline)
+			nv, werr := d.cfg.Views.Await(wctx, v.Epoch)
+			cancel()
+			if werr != nil {
+				return fmt.Errorf("%w (and no newer epoch came: %v)", err, werr)
+			}
+			v = nv
+			continue
+		case protocol.StatusNewEpoch:
+			// The node has not caught up with our epoch yet.
+		default:
+			return err
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (while retrying: %v)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		if nv := d.cfg.Views.View(); nv.Epoch > v.Epoch {
+			v = nv
+		}
+	}
+}
+
+// fanOut sends one request to each of n nodes in parallel and waits for
+// all of them. fill completes the request (the gateway sets the epoch,
+// token and handle-free fields); done, when not nil, is called with each
+// node that acknowledged. An epoch refusal wins over other errors, so
+// that retry sees it.
+func (d *Device) fanOut(ctx context.Context, v *View, n int, node func(i int) string, fill func(*protocol.Request), done func(id string)) error {
+	errs := make([]error, n)
+	call := func(i int) {
+		id := node(i)
+		req := protocol.Request{Epoch: v.Epoch, Token: d.cfg.Token}
+		fill(&req)
+		var resp protocol.Response
+		if err := d.cfg.Net.Call(ctx, v.Addr[id], &req, &resp); err != nil {
+			errs[i] = fmt.Errorf("gateway: vdi %s: %s of object %s on node %s: %w", d.cfg.Name, req.Op, req.Object, id, err)
+			return
+		}
+		if done != nil {
+			done(id)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); call(i) }()
+	}
+	if n > 0 {
+		call(0)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if s := protocol.StatusOf(err); s == protocol.StatusOldEpoch || s == protocol.StatusNewEpoch {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Device) markDirty(id string) {
+	d.mu.Lock()
+	d.dirty[id] = struct{}{}
+	d.mu.Unlock()
+}
+
+// write sends one mutating request per piece to every replica.
+func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill func(req *protocol.Request, pc piece)) error {
+	if err := d.check(off, n, true); err != nil {
+		return err
+	}
+	durable := f.Has(block.FUA)
+	var done func(string)
+	if !durable {
+		done = d.markDirty
+	}
+	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
+		return d.retry(ctx, func(v *View) error {
+			nodes, err := d.replicas(v, pc.obj)
+			if err != nil {
+				return err
+			}
+			return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i] }, func(req *protocol.Request) {
+				req.Object = pc.obj
+				req.Offset = uint64(pc.off)
+				req.Length = uint32(pc.n)
+				if durable {
+					req.Flags |= protocol.FlagSync
+				}
+				fill(req, pc)
+			}, done)
+		})
+	})
+}
+
+// WriteAt writes p at off on every replica; with FUA as one sync request
+// each.
+func (d *Device) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags) (int, error) {
+	err := d.write(ctx, off, int64(len(p)), f, func(req *protocol.Request, pc piece) {
+		req.Op = protocol.OpWrite
+		req.Payload = p[pc.pos : pc.pos+pc.n]
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteZeroes zeroes the range on every replica. The nodes zero without
+// writing zeros (a punched or zero-allocated range), so NoFallback is
+// always honoured.
+func (d *Device) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) error {
+	return d.write(ctx, off, n, f, func(req *protocol.Request, pc piece) {
+		req.Op = protocol.OpWriteZeroes
+		if f.Has(block.NoUnmap) {
+			req.Flags |= protocol.FlagNoUnmap
+		}
+	})
+}
+
+// Discard frees whole objects on every replica and punches partial
+// ranges; the range reads as zeros afterwards.
+func (d *Device) Discard(ctx context.Context, off, n int64, f block.Flags) error {
+	return d.write(ctx, off, n, f, func(req *protocol.Request, pc piece) {
+		req.Op = protocol.OpDiscard
+		if pc.off == 0 && pc.n == d.objSize {
+			req.Op = protocol.OpRemove
+			req.Offset, req.Length = 0, 0
+		}
+	})
+}
+
+// Flush sends a flush of the VDI to every node written to since the last
+// flush.
+func (d *Device) Flush(ctx context.Context) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return block.ErrClosed
+	}
+	set := d.dirty
+	d.dirty = map[string]struct{}{}
+	d.mu.Unlock()
+	if len(set) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(set))
+	for id := range set {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	flushed := map[string]bool{}
+	var fmu sync.Mutex
+	err := d.retry(ctx, func(v *View) error {
+		var todo []string
+		fmu.Lock()
+		for _, id := range ids {
+			// A node that left the view cannot be flushed; the copies
+			// on the nodes that remain are.
+			if !flushed[id] && v.Addr[id] != "" {
+				todo = append(todo, id)
+			}
+		}
+		fmu.Unlock()
+		return d.fanOut(ctx, v, len(todo), func(i int) string { return todo[i] }, func(req *protocol.Request) {
+			req.Op = protocol.OpFlush
+			req.Object = object.Make(d.cfg.VDI, 0)
+		}, func(id string) {
+			fmu.Lock()
+			flushed[id] = true
+			fmu.Unlock()
+		})
+	})
+	if err != nil {
+		// What was not flushed stays dirty for the next Flush.
+		d.mu.Lock()
+		for _, id := range ids {
+			if !flushed[id] {
+				d.dirty[id] = struct{}{}
+			}
+		}
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// readOrder is the order in which a read asks the replicas: the local
+// node first, then placement order.
+func (d *Device) readOrder(v *View, obj object.ID) ([]string, error) {
+	nodes, err := d.replicas(v, obj)
+	if err != nil {
+		return nil, err
+	}
+	if i := slices.Index(nodes, d.cfg.Local); i > 0 {
+		nodes[0], nodes[i] = nodes[i], nodes[0]
+	}
+	return nodes, nil
+}
+
+// askOne sends req to the replicas of its object in read order until one
+// answers. It reports noent when no replica answered with the object but
+// at least one said it has none, which means the object was never
+// written.
+func (d *Device) askOne(ctx context.Context, v *View, obj object.ID, fill func(req *protocol.Request), resp *protocol.Response) (noent bool, err error) {
+	nodes, err := d.readOrder(v, obj)
+	if err != nil {
+		return false, err
+	}
+	var errs []error
+	for _, id := range nodes {
+		req := protocol.Request{Epoch: v.Epoch, Object: obj}
+		fill(&req)
+		err := d.cfg.Net.Call(ctx, v.Addr[id], &req, resp)
+		if err == nil {
+			return false, nil
+		}
+		switch protocol.StatusOf(err) {
+		case protocol.StatusNoEnt:
+			noent = true
+			continue
+		case protocol.StatusOldEpoch, protocol.StatusNewEpoch:
+			return false, err
+		}
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("gateway: vdi %s: object %s: %w", d.cfg.Name, obj, ctx.Err())
+		}
+		errs = append(errs, fmt.Errorf("node %s: %w", id, err))
+	}
+	if noent {
+		return true, nil
+	}
+	return false, fmt.Errorf("gateway: vdi %s: %s of object %s: %w: %w", d.cfg.Name, "read", obj, ErrNoReplica, errors.Join(errs...))
+}
+
+// ReadAt reads from one replica of each object.
+func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := d.check(off, int64(len(p)), false); err != nil {
+		return 0, err
+	}
+	err := d.each(d.pieces(off, int64(len(p))), func(_ int, pc piece) error {
+		buf := p[pc.pos : pc.pos+pc.n]
+		return d.retry(ctx, func(v *View) error {
+			resp := protocol.Response{Payload: buf[:0]}
+			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
+				req.Op = protocol.OpRead
+				req.Offset = uint64(pc.off)
+				req.Length = uint32(pc.n)
+			}, &resp)
+			switch {
+			case err != nil:
+				return err
+			case noent:
+				clear(buf)
+			case len(resp.Payload) != len(buf):
+				return fmt.Errorf("gateway: vdi %s: read of object %s returned %d bytes, want %d", d.cfg.Name, pc.obj, len(resp.Payload), len(buf))
+			case &resp.Payload[0] != &buf[0]:
+				copy(buf, resp.Payload)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Extents asks one replica of each object for its allocation. An object
+// that was never written is a hole.
+func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
+	if err := d.check(off, n, false); err != nil {
+		return dst, err
+	}
+	ps := d.pieces(off, n)
+	runs := make([][]protocol.Extent, len(ps))
+	err := d.each(ps, func(i int, pc piece) error {
+		return d.retry(ctx, func(v *View) error {
+			var resp protocol.Response
+			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
+				req.Op = protocol.OpExtents
+				req.Offset = uint64(pc.off)
+				req.Length = uint32(pc.n)
+			}, &resp)
+			if err != nil {
+				return err
+			}
+			if noent {
+				runs[i] = []protocol.Extent{{Offset: uint64(pc.off), Length: uint64(pc.n), Hole: true}}
+				return nil
+			}
+			ext, err := protocol.ParseExtents(resp.Payload)
+			if err != nil {
+				return fmt.Errorf("gateway: vdi %s: extents of object %s: %w", d.cfg.Name, pc.obj, err)
+			}
+			runs[i] = ext
+			return nil
+		})
+	})
+	if err != nil {
+		return dst, err
+	}
+	for i, pc := range ps {
+		at := pc.off
+		for _, e := range runs[i] {
+			// Trust nothing outside the piece, and fill gaps as data.
+			s, end := max(int64(e.Offset), at), min(int64(e.Offset+e.Length), pc.off+pc.n)
+			if end <= s {
+				continue
+			}
+			if s > at {
+				dst = block.AppendExtent(dst, block.Extent{Length: s - at, Status: block.StatusData, Depth: 1})
+			}
+			x := block.Extent{Length: end - s, Status: block.StatusData, Depth: 1}
+			if e.Hole {
+				x = block.Extent{Length: end - s, Status: block.StatusHole | block.StatusZero}
+			}
+			dst = block.AppendExtent(dst, x)
+			at = end
+		}
+		if at < pc.off+pc.n {
+			dst = block.AppendExtent(dst, block.Extent{Length: pc.off + pc.n - at, Status: block.StatusData, Depth: 1})
+		}
+	}
+	return dst, nil
+}

@@ -1,0 +1,55 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ovis-storage/ovis/cluster/placement"
+)
+
+// View is what the gateway needs of one membership epoch: where objects
+// go and how to reach the nodes.
+type View struct {
+	Epoch uint64
+	Map   *placement.Map
+	// Addr maps a node's ID to its node-to-node address.
+	Addr map[string]string
+}
+
+// NewView builds the View of one epoch from its node list.
+func NewView(epoch uint64, nodes []placement.Node, addrs map[string]string) (*View, error) {
+	m, err := placement.New(nodes)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: epoch %d: %w", epoch, err)
+	}
+	for _, n := range nodes {
+		if addrs[n.ID] == "" {
+			return nil, fmt.Errorf("gateway: epoch %d: node %s has no address", epoch, n.ID)
+		}
+	}
+	return &View{Epoch: epoch, Map: m, Addr: addrs}, nil
+}
+
+// Views hands the gateway the membership as it changes. Implementations
+// are safe for concurrent use.
+type Views interface {
+	// View returns the newest view known; never nil.
+	View() *View
+	// Await returns a view of an epoch newer than epoch, waiting until
+	// one is known or ctx ends.
+	Await(ctx context.Context, epoch uint64) (*View, error)
+}
+
+// StaticViews is a Views that never changes, for tests and tools that
+// pin one epoch.
+type StaticViews struct{ V *View }
+
+func (s StaticViews) View() *View { return s.V }
+
+func (s StaticViews) Await(ctx context.Context, epoch uint64) (*View, error) {
+	if s.V.Epoch > epoch {
+		return s.V, nil
+	}
+	<-ctx.Done()
+	return nil, fmt.Errorf("gateway: waiting for an epoch after %d: %w", epoch, ctx.Err())
+}

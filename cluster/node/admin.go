@@ -1,0 +1,449 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
+)
+
+// Admin requests ride the node-to-node protocol as OpAdmin, so that
+// `ovis … -a HOST:PORT` needs nothing but a node's address, as Sheepdog's
+// dog does. The payload is a 4-byte big-endian length, a JSON
+// AdminRequest of that length, and raw bytes (the data of vdi.write); the
+// reply's payload is framed the same way, with the command's JSON result
+// and raw bytes (the data of vdi.read). A refused command is a non-OK
+// status whose payload is the error's text.
+
+// AdminRequest is one admin command.
+type AdminRequest struct {
+	Cmd  string `json:"cmd"`
+	Name string `json:"name,omitempty"`
+	// Size is a VDI's size (vdi.create, vdi.resize).
+	Size int64 `json:"size,omitempty"`
+	// Copies and ObjectShift are a format's or a VDI's.
+	Copies      int   `json:"copies,omitempty"`
+	ObjectShift uint8 `json:"object_shift,omitempty"`
+	Force       bool  `json:"force,omitempty"`
+	Shrink      bool  `json:"shrink,omitempty"`
+	Offset      int64 `json:"offset,omitempty"`
+	Length      int64 `json:"length,omitempty"`
+}
+
+// MaxAdminData bounds the bytes one vdi.read or vdi.write carries.
+const MaxAdminData = 4 << 20
+
+// EncodeAdmin frames a JSON value and raw bytes as an admin payload.
+func EncodeAdmin(v any, data []byte) ([]byte, error) {
+	j, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	out := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(j)+len(data)), uint32(len(j)))
+	out = append(out, j...)
+	return append(out, data...), nil
+}
+
+// DecodeAdmin splits an admin payload into its JSON (decoded into v) and
+// its raw bytes.
+func DecodeAdmin(p []byte, v any) ([]byte, error) {
+	if len(p) < 4 {
+		return nil, fmt.Errorf("admin payload of %d bytes: too short for its length word", len(p))
+	}
+	n := binary.BigEndian.Uint32(p)
+	if uint64(n) > uint64(len(p)-4) {
+		return nil, fmt.Errorf("admin payload: JSON of %d bytes in a payload of %d", n, len(p))
+	}
+	if v != nil {
+		if err := json.Unmarshal(p[4:4+n], v); err != nil {
+			return nil, fmt.Errorf("admin payload: %w", err)
+		}
+	}
+	return p[4+n:], nil
+}
+
+// NodeStatus is one node as `ovis node list` shows it.
+type NodeStatus struct {
+	ID        string `json:"id"`
+	Addr      string `json:"addr"`
+	Zone      uint32 `json:"zone"`
+	Weight    uint32 `json:"weight"`
+	State     string `json:"state"`
+	Epoch     uint64 `json:"epoch"`
+	Objects   int    `json:"objects"`
+	Allocated int64  `json:"used"`
+	Free      int64  `json:"free"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Info is what `ovis cluster info` shows.
+type Info struct {
+	Node      string             `json:"node"`
+	Etcd      []string           `json:"etcd"`
+	Format    *membership.Format `json:"format,omitempty"`
+	Epoch     uint64             `json:"epoch"`
+	Nodes     []membership.NodeInfo `json:"nodes"`
+	History   []membership.View  `json:"history"`
+}
+
+// CheckReport is what `ovis cluster check` finds.
+type CheckReport struct {
+	Objects int           `json:"objects"`
+	Copies  int           `json:"copies"`
+	Bad     []CheckResult `json:"problems,omitempty"`
+}
+
+// CheckResult is one object with a missing, extra or diverging copy.
+type CheckResult struct {
+	VDI     string   `json:"vdi"`
+	Object  string   `json:"object"`
+	Problem string   `json:"problem"`
+	Nodes   []string `json:"nodes,omitempty"`
+}
+
+// admin serves OpAdmin.
+func (n *Node) admin(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
+	var ar AdminRequest
+	data, err := DecodeAdmin(req.Payload, &ar)
+	var out any
+	var raw []byte
+	if err == nil {
+		out, raw, err = n.adminCmd(ctx, ar, data)
+	}
+	if err != nil {
+		st := protocol.StatusEINVAL
+		if errors.Is(err, membership.ErrNoVDI) {
+			st = protocol.StatusNoEnt
+		}
+		fail(resp, st, err.Error())
+		return
+	}
+	p, err := EncodeAdmin(out, raw)
+	if err != nil {
+		fail(resp, protocol.StatusEIO, err.Error())
+		return
+	}
+	resp.Status = protocol.StatusOK
+	resp.Payload = p
+}
+
+func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any, []byte, error) {
+	mc := n.mc
+	switch ar.Cmd {
+	case "info":
+		info := Info{Node: n.id, Etcd: n.EtcdEndpoints()}
+		if f, err := mc.GetFormat(ctx); err == nil {
+			info.Format = &f
+		} else if !errors.Is(err, membership.ErrNotFormatted) {
+			return nil, nil, err
+		}
+		v, err := mc.View(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		info.Epoch, info.Nodes = v.Epoch, v.Nodes
+		from := uint64(1)
+		if v.Epoch > 20 {
+			from = v.Epoch - 19
+		}
+		if info.History, err = mc.Epochs(ctx, from, v.Epoch); err != nil {
+			return nil, nil, err
+		}
+		return info, nil, nil
+	case "format":
+		f := membership.Format{Copies: ar.Copies, ObjectShift: ar.ObjectShift}
+		if f.Copies == 0 {
+			f.Copies = 1
+		}
+		v, err := mc.View(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if f.Copies > v.Zones() {
+			return nil, nil, fmt.Errorf("copies %d: the cluster has %d nodes (failure domains); start more nodes first", f.Copies, v.Zones())
+		}
+		if err := mc.Format(ctx, f, ar.Force); err != nil {
+			return nil, nil, err
+		}
+		f, err = mc.GetFormat(ctx)
+		return f, nil, err
+	case "node.self":
+		return n.self(), nil, nil
+	case "node.list":
+		return n.nodeList(ctx)
+	case "vdi.create":
+		v, err := mc.View(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		f, err := mc.GetFormat(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		vd := membership.VDI{Name: ar.Name, Size: ar.Size, Copies: ar.Copies, ObjectShift: ar.ObjectShift}
+		if vd.Copies == 0 {
+			vd.Copies = f.Copies
+		}
+		if vd.ObjectShift == 0 {
+			vd.ObjectShift = f.ObjectShift
+		}
+		if err := membership.ValidateVDI(vd, f, v.Zones()); err != nil {
+			return nil, nil, err
+		}
+		vd, err = mc.CreateVDI(ctx, vd)
+		return vd, nil, err
+	case "vdi.list":
+		vs, err := mc.ListVDIs(ctx)
+		return vs, nil, err
+	case "vdi.delete":
+		vd, err := mc.DeleteVDI(ctx, ar.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		// The objects go in the background: a node that misses the
+		// removal keeps them until recovery reads the tombstone.
+		n.removeObjects(ctx, vd)
+		return vd, nil, nil
+	case "vdi.resize":
+		vd, err := mc.ResizeVDI(ctx, ar.Name, ar.Size, ar.Shrink)
+		return vd, nil, err
+	case "vdi.read":
+		return n.adminRead(ctx, ar)
+	case "vdi.write":
+		return n.adminWrite(ctx, ar, data)
+	case "lock.list":
+		ls, err := mc.Locks(ctx)
+		return ls, nil, err
+	case "lock.break":
+		l, err := mc.BreakLock(ctx, ar.Name)
+		return l, nil, err
+	case "check":
+		r, err := n.check(ctx)
+		return r, nil, err
+	}
+	return nil, nil, fmt.Errorf("unknown admin command %q", ar.Cmd)
+}
+
+func (n *Node) self() NodeStatus {
+	s := NodeStatus{ID: n.id, Addr: n.Addr(), Zone: n.cfg.Zone, Weight: n.cfg.Weight, State: "up", Epoch: n.views.Epoch()}
+	if u, err := n.st.Usage(); err == nil {
+		s.Objects, s.Allocated, s.Free = u.Objects, u.Allocated, u.Free
+		n.m.Objects.Set(float64(u.Objects))
+		n.m.Allocated.Set(float64(u.Allocated))
+	} else {
+		s.Error = err.Error()
+	}
+	return s
+}
+
+// call sends an admin request to another node.
+func (n *Node) call(ctx context.Context, addr string, ar AdminRequest, data []byte, out any) ([]byte, error) {
+	p, err := EncodeAdmin(ar, data)
+	if err != nil {
+		return nil, err
+	}
+	var resp protocol.Response
+	if err := n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpAdmin, Length: uint32(len(p)), Payload: p}, &resp); err != nil {
+		return nil, err
+	}
+	return DecodeAdmin(resp.Payload, out)
+}
+
+func (n *Node) nodeList(ctx context.Context) (any, []byte, error) {
+	v, err := n.mc.View(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]NodeStatus, len(v.Nodes))
+	var wg sync.WaitGroup
+	for i, ni := range v.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if ni.ID == n.id {
+				out[i] = n.self()
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			var s NodeStatus
+			if _, err := n.call(cctx, ni.Addr, AdminRequest{Cmd: "node.self"}, nil, &s); err != nil {
+				s = NodeStatus{ID: ni.ID, Addr: ni.Addr, Zone: ni.Zone, Weight: ni.Weight, State: "unreachable", Error: err.Error()}
+			}
+			out[i] = s
+		}()
+	}
+	wg.Wait()
+	return out, nil, nil
+}
+
+// readDevice opens a VDI read-only for one admin request.
+func (n *Node) readDevice(ctx context.Context, name string) (*gateway.Device, error) {
+	v, err := n.mc.GetVDI(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return gateway.Open(ctx, gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies,
+		ObjectShift: v.ObjectShift, Views: n.views, Net: n.pool, Local: n.id})
+}
+
+func (n *Node) adminRead(ctx context.Context, ar AdminRequest) (any, []byte, error) {
+	d, err := n.readDevice(ctx, ar.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer d.Close()
+	l := ar.Length
+	if l < 0 || l > MaxAdminData {
+		return nil, nil, fmt.Errorf("read of %d bytes: at most %d per request", l, MaxAdminData)
+	}
+	if ar.Offset < 0 || ar.Offset > d.Size() {
+		return nil, nil, fmt.Errorf("vdi %q: offset %d outside its %d bytes", ar.Name, ar.Offset, d.Size())
+	}
+	l = min(l, d.Size()-ar.Offset)
+	p := make([]byte, l)
+	if _, err := d.ReadAt(ctx, p, ar.Offset); err != nil {
+		return nil, nil, err
+	}
+	return map[string]int64{"size": d.Size()}, p, nil
+}
+
+func (n *Node) adminWrite(ctx context.Context, ar AdminRequest, data []byte) (any, []byte, error) {
+	o, err := n.vdis.get(ctx, ar.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.lock == nil {
+		return nil, nil, &membership.LockedError{Name: ar.Name, Holder: o.holder}
+	}
+	if _, err := o.dev.WriteAt(ctx, data, ar.Offset, 0); err != nil {
+		return nil, nil, err
+	}
+	if err := o.dev.Flush(ctx); err != nil {
+		return nil, nil, err
+	}
+	return map[string]int64{"written": int64(len(data))}, nil, nil
+}
+
+// removeObjects asks every node to remove a deleted VDI's objects.
+func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
+	v := n.views.View()
+	for id, addr := range v.Addr {
+		var resp protocol.Response
+		err := n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch, Object: object.Make(vd.ID, 0)}, &resp)
+		if err != nil {
+			n.log.Warn("removing a deleted VDI's objects", "vdi", vd.Name, "on", id, "err", err)
+			continue
+		}
+		infos, err := protocol.ParseObjectInfos(resp.Payload)
+		if err != nil {
+			continue
+		}
+		for _, in := range infos {
+			// A deleted VDI has no lock holder left to fence: its objects
+			// go with the highest token the node has seen.
+			var r protocol.Response
+			n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpRemove, Epoch: v.Epoch, Token: ^uint64(0), Object: in.ID}, &r)
+		}
+	}
+}
+
+// check compares every replica of every object.
+func (n *Node) check(ctx context.Context) (*CheckReport, error) {
+	vs, err := n.mc.ListVDIs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := n.views.View()
+	ids := make([]string, 0, len(v.Addr))
+	for id := range v.Addr {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	// Who holds what, from every node's list.
+	held := map[object.ID][]string{}
+	for _, id := range ids {
+		var resp protocol.Response
+		if err := n.pool.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch}, &resp); err != nil {
+			return nil, fmt.Errorf("listing node %s: %w", id, err)
+		}
+		infos, err := protocol.ParseObjectInfos(resp.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("listing node %s: %w", id, err)
+		}
+		for _, in := range infos {
+			held[in.ID] = append(held[in.ID], id)
+		}
+	}
+	byID := map[object.VDI]membership.VDI{}
+	for _, vd := range vs {
+		byID[vd.ID] = vd
+	}
+	rep := &CheckReport{}
+	objs := make([]object.ID, 0, len(held))
+	for o := range held {
+		objs = append(objs, o)
+	}
+	slices.Sort(objs)
+	for _, o := range objs {
+		vd, ok := byID[o.VDI()]
+		if !ok {
+			rep.Bad = append(rep.Bad, CheckResult{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: held[o]})
+			continue
+		}
+		rep.Objects++
+		copies := min(vd.Copies, v.Map.Zones())
+		want, err := v.Map.Place(o, copies, nil)
+		if err != nil {
+			return nil, err
+		}
+		var missing []string
+		sums := map[uint32][]string{}
+		for _, id := range want {
+			if !slices.Contains(held[o], id) {
+				missing = append(missing, id)
+				continue
+			}
+			var resp protocol.Response
+			if err := n.pool.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o}, &resp); err != nil {
+				rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}})
+				continue
+			}
+			crc, err := protocol.ParseChecksum(resp.Payload)
+			if err != nil {
+				return nil, err
+			}
+			sums[crc] = append(sums[crc], id)
+			rep.Copies++
+		}
+		if len(missing) > 0 {
+			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), copies), Nodes: missing})
+		}
+		if len(sums) > 1 {
+			var groups []string
+			for crc, nodes := range sums {
+				groups = append(groups, fmt.Sprintf("%08x on %v", crc, nodes))
+			}
+			slices.Sort(groups)
+			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups)})
+		}
+		for _, id := range held[o] {
+			if !slices.Contains(want, id) {
+				rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}})
+			}
+		}
+	}
+	return rep, nil
+}
+
+var _ = store.MaxObjectSize

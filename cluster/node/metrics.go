@@ -1,0 +1,80 @@
+package node
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ovis-storage/ovis/cluster/protocol"
+)
+
+// Metrics counts what reaches a node over the node-to-node protocol. The
+// direct-write study reads them: a FUA write from a client must show as
+// one sync write per replica and no flush.
+type Metrics struct {
+	requests   *prometheus.CounterVec   // by op and status
+	latency    *prometheus.HistogramVec // by op
+	syncWrites prometheus.Counter
+	flushes    prometheus.Counter
+	bytesIn    prometheus.Counter
+	bytesOut   prometheus.Counter
+	Epoch      prometheus.Gauge
+	Objects    prometheus.Gauge
+	Allocated  prometheus.Gauge
+	Locks      prometheus.Gauge
+}
+
+// NewMetrics registers a node's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ovis_node_requests_total", Help: "Requests served, by op and status.",
+		}, []string{"op", "status"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ovis_node_request_seconds", Help: "Time to serve a request, by op.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
+		}, []string{"op"}),
+		syncWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ovis_node_sync_writes_total", Help: "Writes and zero writes with the sync flag (FUA).",
+		}),
+		flushes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ovis_node_flushes_total", Help: "Flushes of a VDI.",
+		}),
+		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ovis_node_written_bytes_total", Help: "Bytes written.",
+		}),
+		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ovis_node_read_bytes_total", Help: "Bytes read.",
+		}),
+		Epoch:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_epoch", Help: "The membership epoch the node is at."}),
+		Objects:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_objects", Help: "Objects held."}),
+		Allocated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_allocated_bytes", Help: "Bytes the objects held take on disk."}),
+		Locks:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Epoch, m.Objects, m.Allocated, m.Locks)
+	}
+	return m
+}
+
+func (m *Metrics) observe(req *protocol.Request, resp *protocol.Response, d time.Duration) {
+	op := req.Op.String()
+	m.requests.WithLabelValues(op, resp.Status.String()).Inc()
+	m.latency.WithLabelValues(op).Observe(d.Seconds())
+	if resp.Status != protocol.StatusOK {
+		return
+	}
+	switch req.Op {
+	case protocol.OpWrite, protocol.OpWriteZeroes:
+		if req.Flags&protocol.FlagSync != 0 {
+			m.syncWrites.Inc()
+		}
+		if req.Op == protocol.OpWrite {
+			m.bytesIn.Add(float64(len(req.Payload)))
+		}
+	case protocol.OpFlush:
+		m.flushes.Inc()
+	case protocol.OpRead:
+		m.bytesOut.Add(float64(len(resp.Payload)))
+	}
+}

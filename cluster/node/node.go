@@ -1,0 +1,350 @@
+// Package node runs one storage node of an ovis cluster: its local
+// store, its registration in the membership (etcd), the node-to-node
+// protocol server, and a gateway that serves the cluster's VDIs over NBD.
+//
+// Start assembles the pieces; the packages below do the work:
+// cluster/store keeps the objects, cluster/protocol carries requests
+// between nodes, cluster/membership talks to etcd, cluster/gateway turns
+// a VDI into a block.Device, nbd serves it.
+//
+// Invariants:
+//
+//  1. A node serves requests only while its registration holds: when the
+//     lease cannot be renewed within its TTL (Registration.Fenced), the
+//     node stops its protocol and NBD servers and Done reports why. A
+//     partitioned node therefore stops taking writes on its own.
+//  2. Every request between nodes is checked against the node's epoch by
+//     Handler before it reaches the store, and every mutating request's
+//     token against the highest the store has seen for the VDI.
+//  3. A VDI is opened once per node, and every NBD connection to it
+//     shares that device (CAN_MULTI_CONN). It is writable only while this
+//     node holds the VDI's lock, whose revision is the device's token.
+//
+// Lock order: Node.mu, then vdis.mu; neither is held across a call to
+// etcd, another node or the disk.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/nbd"
+)
+
+// Config is one node's settings.
+type Config struct {
+	// Dir holds the node's data: objects under Dir/objects, its ID in
+	// Dir/node-id, the embedded etcd under Dir/etcd.
+	Dir string
+	// ID names the node in the membership; empty means the one kept in
+	// Dir/node-id, made at the first start.
+	ID string
+	// Listen is the node-to-node address (host:port). Default
+	// 127.0.0.1:7000; port 0 picks one.
+	Listen string
+	// Etcd lists an external etcd cluster's client URLs. Empty: the node
+	// embeds a single-member etcd.
+	Etcd []string
+	// EtcdListen and EtcdPeer are the embedded etcd's client and peer
+	// URLs (defaults http://127.0.0.1:2379 and :2380; port 0 picks one).
+	EtcdListen, EtcdPeer string
+	Zone, Weight         uint32
+	// NBD is the address the gateway serves VDIs on; empty serves none.
+	NBD string
+	// Cache is the gateway's cache mode (ovis nbd's --cache).
+	Cache block.CacheMode
+	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
+	// is about 2 s).
+	LeaseTTL time.Duration
+	Logger   *slog.Logger
+	// Registry receives the node's metrics; nil registers none.
+	Registry prometheus.Registerer
+}
+
+// Node is a running storage node.
+type Node struct {
+	cfg   Config
+	log   *slog.Logger
+	id    string
+	st    *store.Store
+	embed *membership.Embedded
+	mc    *membership.Client
+	reg   *membership.Registration
+	views *Views
+	pool  *protocol.Pool
+	psrv  *protocol.Server
+	plis  net.Listener
+	nsrv  *nbd.Server
+	nlis  net.Listener
+	vdis  *vdis
+	m     *Metrics
+
+	cancel context.CancelFunc // ends the views watch and the fence watch
+	wg     sync.WaitGroup     // the servers' and watchers' goroutines
+
+	mu      sync.Mutex
+	stopped bool
+	why     error
+	done    chan struct{} // closed when the node stops serving
+}
+
+// Start starts a node. It returns once the node is registered and serving.
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("node: no data directory")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:7000"
+	}
+	if cfg.Weight == 0 {
+		cfg.Weight = 1
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			n.teardown(context.Background())
+		}
+	}()
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if n.id, err = nodeID(cfg.Dir, cfg.ID); err != nil {
+		return nil, err
+	}
+	n.log = n.log.With("node", n.id)
+	n.m = NewMetrics(cfg.Registry)
+	if n.st, err = store.Open(filepath.Join(cfg.Dir, "objects"), store.Options{Logger: n.log}); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	endpoints := cfg.Etcd
+	if len(endpoints) == 0 {
+		ec := membership.EmbedConfig{Dir: filepath.Join(cfg.Dir, "etcd"), Name: n.id,
+			ClientURL: cfg.EtcdListen, PeerURL: cfg.EtcdPeer, Logger: n.log}
+		if ec.ClientURL == "" {
+			ec.ClientURL = "http://127.0.0.1:2379"
+		}
+		if ec.PeerURL == "" {
+			ec.PeerURL = "http://127.0.0.1:2380"
+		}
+		if n.embed, err = membership.StartEmbedded(ctx, ec); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		endpoints = n.embed.Endpoints()
+	}
+	if n.mc, err = membership.Connect(ctx, membership.Config{Endpoints: endpoints, Logger: n.log}); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if n.plis, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	warnOpen(n.log, n.plis.Addr(), "node-to-node")
+	n.reg, err = n.mc.Join(ctx, membership.NodeInfo{ID: n.id, Addr: n.plis.Addr().String(), Zone: cfg.Zone, Weight: cfg.Weight}, cfg.LeaseTTL)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	if n.views, err = FollowViews(wctx, n.mc, n.log); err != nil {
+		return nil, err
+	}
+	n.pool = protocol.NewPool(nil)
+	n.vdis = newVDIs(n)
+	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin}
+	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
+	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
+	if cfg.NBD != "" {
+		if n.nlis, err = net.Listen("tcp", cfg.NBD); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		warnOpen(n.log, n.nlis.Addr(), "NBD")
+		if n.nsrv, err = nbd.New(nbd.Config{Exports: n.vdis, Logger: n.log}); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		n.goServe("NBD", func() error { return n.nsrv.Serve(context.Background(), n.nlis) })
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		select {
+		case <-n.reg.Fenced():
+			n.log.Error("lost the membership lease: stopping, so that no write reaches this node's copies")
+			n.stop(errors.New("node: fenced: the membership lease was lost"))
+		case <-wctx.Done():
+		}
+	}()
+	n.log.Info("node started", "listen", n.plis.Addr().String(), "etcd", strings.Join(endpoints, ","), "epoch", n.views.Epoch())
+	return n, nil
+}
+
+// goServe runs a server's Serve and stops the node when it fails.
+func (n *Node) goServe(what string, serve func() error) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := serve(); err != nil && !errors.Is(err, protocol.ErrServerClosed) && !errors.Is(err, nbd.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			n.stop(fmt.Errorf("node: %s server: %w", what, err))
+		}
+	}()
+}
+
+// warnOpen warns about a server that anyone on the network can reach.
+func warnOpen(log *slog.Logger, a net.Addr, what string) {
+	if ta, ok := a.(*net.TCPAddr); ok && !ta.IP.IsLoopback() {
+		log.Warn("listening without TLS on a non-loopback address: anyone who can reach this port can read and write disks", "server", what, "addr", a.String())
+	}
+}
+
+// nodeID returns the node's ID: given, or kept in dir.
+func nodeID(dir, given string) (string, error) {
+	path := filepath.Join(dir, "node-id")
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		kept := strings.TrimSpace(string(b))
+		if given != "" && given != kept {
+			return "", fmt.Errorf("node: %s holds the data of node %q, not %q", dir, kept, given)
+		}
+		return kept, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return "", fmt.Errorf("node: %w", err)
+	}
+	id := given
+	if id == "" {
+		var r [4]byte
+		rand.Read(r[:])
+		host, _ := os.Hostname()
+		id = strings.ToLower(strings.Split(host, ".")[0])
+		if id == "" {
+			id = "node"
+		}
+		id += "-" + hex.EncodeToString(r[:])
+	}
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("node: %w", err)
+	}
+	return id, nil
+}
+
+// ID is the node's ID.
+func (n *Node) ID() string { return n.id }
+
+// Addr is the node-to-node address, where admin commands go too.
+func (n *Node) Addr() string { return n.plis.Addr().String() }
+
+// NBDAddr is the NBD address, or "".
+func (n *Node) NBDAddr() string {
+	if n.nlis == nil {
+		return ""
+	}
+	return n.nlis.Addr().String()
+}
+
+// EtcdEndpoints are the URLs other nodes join with (the embedded etcd's,
+// or the external cluster's).
+func (n *Node) EtcdEndpoints() []string {
+	if n.embed != nil {
+		return n.embed.Endpoints()
+	}
+	return append([]string(nil), n.cfg.Etcd...)
+}
+
+// Membership is the node's etcd client.
+func (n *Node) Membership() *membership.Client { return n.mc }
+
+// Done is closed when the node stops serving; Err says why.
+func (n *Node) Done() <-chan struct{} { return n.done }
+
+// Err is why the node stopped: nil after Close.
+func (n *Node) Err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.why
+}
+
+// stop ends serving, once, recording why.
+func (n *Node) stop(why error) {
+	n.mu.Lock()
+	if n.stopped {
+		n.mu.Unlock()
+		return
+	}
+	n.stopped, n.why = true, why
+	n.mu.Unlock()
+	if n.nsrv != nil {
+		n.nsrv.Close()
+	}
+	if n.psrv != nil {
+		n.psrv.Close()
+	}
+	close(n.done)
+}
+
+// Close stops the node cleanly: NBD clients get their last flush, the
+// VDIs' locks are released, the node leaves the membership (the others
+// move to a new epoch), and the store is closed clean.
+func (n *Node) Close(ctx context.Context) error {
+	return n.teardown(ctx)
+}
+
+func (n *Node) teardown(ctx context.Context) error {
+	var errs []error
+	if n.nsrv != nil {
+		if err := n.nsrv.Shutdown(ctx); err != nil && !errors.Is(err, nbd.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if n.vdis != nil {
+		errs = append(errs, n.vdis.closeAll(ctx))
+	}
+	if n.reg != nil {
+		if err := n.reg.Leave(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("node: leaving: %w", err))
+		}
+	}
+	if n.psrv != nil {
+		n.psrv.Shutdown(ctx)
+	}
+	n.stop(nil)
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+	if n.views != nil {
+		n.views.Wait()
+	}
+	if n.pool != nil {
+		n.pool.Close()
+	}
+	if n.mc != nil {
+		errs = append(errs, n.mc.Close())
+	}
+	if n.embed != nil {
+		errs = append(errs, n.embed.Close())
+	}
+	if n.st != nil {
+		errs = append(errs, n.st.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,152 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/export"
+	"github.com/ovis-storage/ovis/nbd"
+)
+
+// vdis is the node's gateway: the VDIs it has open, found by name when a
+// client asks. It is the NBD server's Exports, and the admin commands'
+// way to a VDI's bytes.
+type vdis struct {
+	n *Node
+
+	mu   sync.Mutex
+	open map[string]*openVDI // by name; writable ones replace read-only ones
+}
+
+// openVDI is one VDI opened on this node.
+type openVDI struct {
+	vdi    membership.VDI
+	dev    *gateway.Device
+	lock   *membership.Lock // nil when read-only
+	holder string           // who holds the lock when read-only
+	exp    nbd.Export
+}
+
+func newVDIs(n *Node) *vdis { return &vdis{n: n, open: map[string]*openVDI{}} }
+
+// holder is how this node names itself as a lock holder.
+func (r *vdis) holder() string { return fmt.Sprintf("%s (%s)", r.n.id, r.n.Addr()) }
+
+// get returns the VDI called name, opening it on first use: writable when
+// its lock is free (this node takes it), read-only when another holds it.
+func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
+	r.mu.Lock()
+	o := r.open[name]
+	r.mu.Unlock()
+	if o != nil && o.lock != nil {
+		return o, nil
+	}
+	v, err := r.n.mc.GetVDI(ctx, name)
+	if err != nil {
+		if errors.Is(err, membership.ErrNoVDI) {
+			return nil, fmt.Errorf("%w: %w", nbd.ErrUnknownExport, err)
+		}
+		return nil, err
+	}
+	// Open read-only before: the lock may have come free meanwhile.
+	var lk *membership.Lock
+	holder := ""
+	l, err := r.n.mc.Lock(ctx, r.n.reg, name, r.holder())
+	var le *membership.LockedError
+	switch {
+	case err == nil:
+		lk = &l
+	case errors.As(err, &le):
+		if o != nil && o.vdi.ID == v.ID {
+			return o, nil
+		}
+		holder = le.Holder
+	default:
+		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
+	}
+	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectShift: v.ObjectShift,
+		Views: r.n.views, Net: r.n.pool, Local: r.n.id}
+	if lk != nil {
+		cfg.Token = lk.Token
+	}
+	dev, err := gateway.Open(ctx, cfg)
+	if err != nil {
+		if lk != nil {
+			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
+		}
+		return nil, err
+	}
+	o = &openVDI{vdi: v, dev: dev, lock: lk, holder: holder}
+	o.exp = nbd.Export{Name: v.Name, Device: export.WithCacheMode(dev, r.n.cfg.Cache), ReadOnly: lk == nil, MultiConn: true}
+	if lk == nil {
+		o.exp.Description = "read-only: locked by " + holder
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cur := r.open[name]; cur != nil && cur.lock != nil {
+		// Another handshake opened it writable first; keep that one.
+		dev.Close()
+		if lk != nil {
+			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
+		}
+		return cur, nil
+	}
+	r.open[name] = o
+	if lk != nil {
+		r.n.m.Locks.Inc()
+	}
+	return o, nil
+}
+
+// Lookup is nbd.Exports': the VDI called name.
+func (r *vdis) Lookup(ctx context.Context, name string) (*nbd.Export, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%w: a VDI's name is needed", nbd.ErrUnknownExport)
+	}
+	o, err := r.get(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &o.exp, nil
+}
+
+// List is nbd.Exports': every VDI. Listing opens none.
+func (r *vdis) List(ctx context.Context) ([]*nbd.Export, error) {
+	vs, err := r.n.mc.ListVDIs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*nbd.Export, len(vs))
+	for i, v := range vs {
+		out[i] = &nbd.Export{Name: v.Name, Description: fmt.Sprintf("ovis VDI %d, %d bytes, %d copies", v.ID, v.Size, v.Copies)}
+	}
+	return out, nil
+}
+
+// closeAll flushes and closes every open VDI and releases its lock.
+func (r *vdis) closeAll(ctx context.Context) error {
+	r.mu.Lock()
+	open := r.open
+	r.open = map[string]*openVDI{}
+	r.mu.Unlock()
+	var errs []error
+	for name, o := range open {
+		if o.lock != nil {
+			if err := o.dev.Flush(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("node: vdi %q: last flush: %w", name, err))
+			}
+		}
+		o.dev.Close()
+		if o.lock != nil {
+			if err := r.n.mc.Unlock(ctx, *o.lock); err != nil {
+				errs = append(errs, fmt.Errorf("node: vdi %q: unlock: %w", name, err))
+			}
+			r.n.m.Locks.Dec()
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,118 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/placement"
+)
+
+// Views follows the membership's epochs and hands them out: as the
+// gateway's views (placement and addresses) and as the node's own epoch,
+// which its handler checks requests against. One goroutine reads the
+// watch; readers take the newest view under a mutex held only to copy a
+// pointer.
+type Views struct {
+	mu   sync.Mutex
+	v    *gateway.View
+	wake chan struct{} // closed and replaced when v changes
+
+	log  *slog.Logger
+	done chan struct{}
+}
+
+// ViewOf builds the gateway's view of a membership view.
+func ViewOf(mv membership.View) (*gateway.View, error) {
+	nodes := make([]placement.Node, len(mv.Nodes))
+	addrs := make(map[string]string, len(mv.Nodes))
+	for i, n := range mv.Nodes {
+		nodes[i] = placement.Node{ID: n.ID, Zone: n.Zone, Weight: n.Weight}
+		addrs[n.ID] = n.Addr
+	}
+	return gateway.NewView(mv.Epoch, nodes, addrs)
+}
+
+// FollowViews starts following c's epochs from its current one. It
+// returns once the current epoch is known. The goroutine it starts ends
+// with ctx; Wait waits for it.
+func FollowViews(ctx context.Context, c *membership.Client, log *slog.Logger) (*Views, error) {
+	mv, err := c.View(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node: reading the membership: %w", err)
+	}
+	v, err := ViewOf(mv)
+	if err != nil {
+		return nil, err
+	}
+	vs := &Views{v: v, wake: make(chan struct{}), log: log, done: make(chan struct{})}
+	ch := c.Watch(ctx)
+	go func() {
+		defer close(vs.done)
+		for mv := range ch {
+			v, err := ViewOf(mv)
+			if err != nil {
+				// An epoch the placement cannot use (no nodes: every
+				// node left) is skipped; requests wait for a usable one.
+				log.Warn("membership epoch skipped", "epoch", mv.Epoch, "err", err)
+				continue
+			}
+			vs.set(v)
+		}
+	}()
+	return vs, nil
+}
+
+// Wait waits for the watching goroutine to end (its context ended).
+func (vs *Views) Wait() { <-vs.done }
+
+func (vs *Views) set(v *gateway.View) {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	if v.Epoch <= vs.v.Epoch {
+		return
+	}
+	vs.v = v
+	close(vs.wake)
+	vs.wake = make(chan struct{})
+	vs.log.Info("membership epoch", "epoch", v.Epoch, "nodes", len(v.Addr))
+}
+
+// View returns the newest view.
+func (vs *Views) View() *gateway.View {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	return vs.v
+}
+
+// Await returns a view newer than epoch.
+func (vs *Views) Await(ctx context.Context, epoch uint64) (*gateway.View, error) {
+	for {
+		vs.mu.Lock()
+		v, wake := vs.v, vs.wake
+		vs.mu.Unlock()
+		if v.Epoch > epoch {
+			return v, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("node: waiting for an epoch after %d: %w", epoch, ctx.Err())
+		case <-wake:
+		}
+	}
+}
+
+// Epoch is the node's epoch.
+func (vs *Views) Epoch() uint64 { return vs.View().Epoch }
+
+// AwaitEpoch returns once the node knows epoch e.
+func (vs *Views) AwaitEpoch(ctx context.Context, e uint64) error {
+	if vs.Epoch() >= e {
+		return nil
+	}
+	_, err := vs.Await(ctx, e-1)
+	return err
+}

@@ -1,0 +1,544 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/node"
+	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// This file holds the cluster's verbs: ovis node (run one, list them),
+// ovis cluster, ovis vdi. Admin verbs reach a node with -a HOST:PORT, as
+// Sheepdog's dog does; output is a table, or JSON with --output=json.
+
+const defaultAdmin = "127.0.0.1:7000"
+
+// adminFlags are the flags every admin verb takes.
+type adminFlags struct {
+	addr   string
+	output string
+}
+
+func (f *adminFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.addr, "address", "a", defaultAdmin, "a node's address (HOST:PORT)")
+	cmd.Flags().StringVar(&f.output, "output", "human", "output format: human or json")
+}
+
+// do runs one admin command against the node.
+func (f *adminFlags) do(cmd *cobra.Command, ar node.AdminRequest, data []byte, out any) ([]byte, error) {
+	if f.output != "human" && f.output != "json" {
+		return nil, fmt.Errorf("--output %q: want human or json", f.output)
+	}
+	c := node.DialAdmin(f.addr)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+	defer cancel()
+	return c.Do(ctx, ar, data, out)
+}
+
+// print shows v as JSON or with human.
+func (f *adminFlags) print(w io.Writer, v any, human func(w io.Writer)) error {
+	if f.output == "json" {
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(v)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	human(tw)
+	return tw.Flush()
+}
+
+func parseSizeArg(what, s string) (int64, error) {
+	v, err := img.ParseSize(s)
+	if err != nil || v > 1<<62 {
+		return 0, fmt.Errorf("%s %q: not a size (a number with an optional k, M, G, T, P or E suffix)", what, s)
+	}
+	return int64(v), nil
+}
+
+// objectShift turns --object-size into a power of two, 0 for the default.
+func objectShift(s string) (uint8, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := parseSizeArg("object size", s)
+	if err != nil {
+		return 0, err
+	}
+	for sh := uint8(0); sh < 63; sh++ {
+		if int64(1)<<sh == v {
+			return sh, nil
+		}
+	}
+	return 0, fmt.Errorf("object size %s: want a power of two from 1M to 64M", s)
+}
+
+func newNodeCmd() *cobra.Command {
+	var (
+		cfg      node.Config
+		etcd     string
+		cache    = block.CacheWriteback
+		metrics  string
+		logLevel string
+	)
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run a storage node of an ovis cluster",
+		Long: "node runs one storage node: it keeps objects under --dir, registers in the\n" +
+			"cluster's etcd (--etcd URLS, or an embedded single member whose URL it prints\n" +
+			"for other nodes to join with), serves other nodes on --listen and, with\n" +
+			"--nbd, serves every VDI over NBD under its name. It runs until SIGINT or\n" +
+			"SIGTERM, then leaves the cluster cleanly.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd.ErrOrStderr(), logLevel)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			cfg.Cache = cache
+			if etcd != "" {
+				cfg.Etcd = strings.Split(etcd, ",")
+			}
+			reg := prometheus.NewRegistry()
+			cfg.Registry = reg
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			n, err := node.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if metrics != "" {
+				if err := serveMetrics(ctx, metrics, reg, log); err != nil {
+					n.Close(context.Background())
+					return err
+				}
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "ovis node %s serving on %s (epoch %d)\n", n.ID(), n.Addr(), 0)
+			if len(cfg.Etcd) == 0 {
+				fmt.Fprintf(out, "another node joins with: ovis node --dir DIR --etcd %s --listen HOST:PORT\n", strings.Join(n.EtcdEndpoints(), ","))
+			}
+			if a := n.NBDAddr(); a != "" {
+				fmt.Fprintf(out, "VDIs are served at nbd://%s/NAME\n", a)
+			}
+			select {
+			case <-ctx.Done():
+			case <-n.Done():
+			}
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			why := n.Err()
+			err = n.Close(cctx)
+			if why != nil {
+				return why
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Dir, "dir", "ovis-node", "folder for the node's objects (and the embedded etcd)")
+	f.StringVar(&cfg.ID, "id", "", "the node's ID (default: kept in DIR/node-id, made at the first start)")
+	f.StringVar(&cfg.Listen, "listen", defaultAdmin, "node-to-node and admin address (HOST:PORT)")
+	f.StringVar(&etcd, "etcd", "", "client URLs of an external etcd cluster, comma-separated (default: embed one)")
+	f.StringVar(&cfg.EtcdListen, "etcd-listen", "", "the embedded etcd's client URL (default http://127.0.0.1:2379)")
+	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "", "the embedded etcd's peer URL (default http://127.0.0.1:2380)")
+	f.Uint32Var(&cfg.Zone, "zone", 0, "failure domain (copies go to distinct zones; 0: the node is its own)")
+	f.Uint32Var(&cfg.Weight, "weight", 1, "share of the objects, relative to the other nodes")
+	f.StringVar(&cfg.NBD, "nbd", "", "serve the VDIs over NBD on this address (HOST:PORT)")
+	f.Var(&cache, "cache", "the gateway's cache mode: writeback, writethrough, directsync, none or unsafe")
+	f.DurationVar(&cfg.LeaseTTL, "lease", 5*time.Second, "the membership lease: a node that cannot renew it this long stops serving")
+	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
+	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
+	cmd.AddCommand(newNodeListCmd())
+	return cmd
+}
+
+func newNodeListCmd() *cobra.Command {
+	var af adminFlags
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the cluster's nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var nodes []node.NodeStatus
+			if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
+				return err
+			}
+			return af.print(cmd.OutOrStdout(), nodes, func(w io.Writer) {
+				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tWEIGHT\tSTATE\tEPOCH\tOBJECTS\tUSED\tFREE")
+				for _, n := range nodes {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", n.ID, n.Addr, n.Zone, n.Weight, n.State, n.Epoch, n.Objects,
+						img.FormatSize(uint64(n.Allocated)), img.FormatSize(uint64(max(n.Free, 0))))
+				}
+			})
+		},
+	}
+	af.add(cmd)
+	return cmd
+}
+
+func newClusterCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "cluster", Short: "Format, inspect and check the cluster"}
+	{
+		var (
+			af     adminFlags
+			copies int
+			osize  string
+			force  bool
+		)
+		c := &cobra.Command{
+			Use:   "format",
+			Short: "Format the cluster: its default copies and object size",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				sh, err := objectShift(osize)
+				if err != nil {
+					return err
+				}
+				var f membership.Format
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "format", Copies: copies, ObjectShift: sh, Force: force}, nil, &f); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), f, func(w io.Writer) {
+					fmt.Fprintf(w, "formatted cluster %s: copies %d, object size %s\n", f.ClusterID, f.Copies, img.FormatSize(1<<f.ObjectShift))
+				})
+			},
+		}
+		af.add(c)
+		c.Flags().IntVar(&copies, "copies", 1, "default copies of each object")
+		c.Flags().StringVar(&osize, "object-size", "", "default object size, a power of two from 1M to 64M (default 4M)")
+		c.Flags().BoolVar(&force, "force", false, "format a cluster that is already formatted")
+		cmd.AddCommand(c)
+	}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use:   "info",
+			Short: "Show the format, the nodes and the epoch history",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var info node.Info
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "info"}, nil, &info); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), info, func(w io.Writer) {
+					if info.Format == nil {
+						fmt.Fprintln(w, "cluster: not formatted (ovis cluster format)")
+					} else {
+						fmt.Fprintf(w, "cluster %s: copies %d, object size %s, formatted %s\n", info.Format.ClusterID, info.Format.Copies,
+							img.FormatSize(1<<info.Format.ObjectShift), info.Format.Created.Format(time.RFC3339))
+					}
+					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n\nEPOCH\tCREATED\tNODES\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					for _, v := range info.History {
+						ids := make([]string, len(v.Nodes))
+						for i, n := range v.Nodes {
+							ids[i] = n.ID
+						}
+						fmt.Fprintf(w, "%d\t%s\t%s\n", v.Epoch, v.Created.Format(time.RFC3339), strings.Join(ids, " "))
+					}
+				})
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use:   "check",
+			Short: "Compare every copy of every object; exit 0 only when all are present and equal",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var r node.CheckReport
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "check"}, nil, &r); err != nil {
+					return err
+				}
+				if err := af.print(cmd.OutOrStdout(), r, func(w io.Writer) {
+					fmt.Fprintf(w, "%d objects, %d copies compared, %d problems\n", r.Objects, r.Copies, len(r.Bad))
+					for _, b := range r.Bad {
+						fmt.Fprintf(w, "vdi %s object %s: %s %s\n", b.VDI, b.Object, b.Problem, strings.Join(b.Nodes, " "))
+					}
+				}); err != nil {
+					return err
+				}
+				if len(r.Bad) > 0 {
+					return &img.ExitError{Code: 1}
+				}
+				return nil
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
+
+func newVDICmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "vdi", Short: "Create, list, delete, resize, read and write virtual disks"}
+	{
+		var (
+			af     adminFlags
+			copies int
+			osize  string
+		)
+		c := &cobra.Command{
+			Use:   "create NAME SIZE",
+			Short: "Create a VDI",
+			Args:  cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				size, err := parseSizeArg("size", args[1])
+				if err != nil {
+					return err
+				}
+				sh, err := objectShift(osize)
+				if err != nil {
+					return err
+				}
+				var v membership.VDI
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.create", Name: args[0], Size: size, Copies: copies, ObjectShift: sh}, nil, &v); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) {
+					fmt.Fprintf(w, "created vdi %s (id %d): %s, %d copies, objects of %s\n", v.Name, v.ID, img.FormatSize(uint64(v.Size)), v.Copies, img.FormatSize(1<<v.ObjectShift))
+				})
+			},
+		}
+		af.add(c)
+		c.Flags().IntVar(&copies, "copies", 0, "copies of each object (default: the cluster's)")
+		c.Flags().StringVar(&osize, "object-size", "", "object size, a power of two from 1M to 64M (default: the cluster's)")
+		cmd.AddCommand(c)
+	}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use: "list", Short: "List the VDIs", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var vs []membership.VDI
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vs); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), vs, func(w io.Writer) {
+					fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tOBJECT SIZE\tSTATE\tCREATED")
+					for _, v := range vs {
+						fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\t%s\n", v.Name, v.ID, img.FormatSize(uint64(v.Size)), v.Copies, img.FormatSize(1<<v.ObjectShift), v.State, v.Created.Format(time.RFC3339))
+					}
+				})
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use: "delete NAME", Short: "Delete a VDI and its objects", Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var v membership.VDI
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.delete", Name: args[0]}, nil, &v); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) { fmt.Fprintf(w, "deleted vdi %s (id %d)\n", v.Name, v.ID) })
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	{
+		var (
+			af     adminFlags
+			shrink bool
+		)
+		c := &cobra.Command{
+			Use: "resize NAME SIZE", Short: "Change a VDI's size", Args: cobra.ExactArgs(2),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				size, err := parseSizeArg("size", args[1])
+				if err != nil {
+					return err
+				}
+				var v membership.VDI
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.resize", Name: args[0], Size: size, Shrink: shrink}, nil, &v); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) { fmt.Fprintf(w, "vdi %s: %s\n", v.Name, img.FormatSize(uint64(v.Size))) })
+			},
+		}
+		af.add(c)
+		c.Flags().BoolVar(&shrink, "shrink", false, "allow the VDI to shrink (data past the new end is lost)")
+		cmd.AddCommand(c)
+	}
+	cmd.AddCommand(newVDIReadCmd(), newVDIWriteCmd(), newVDILockCmd())
+	return cmd
+}
+
+// rangeArgs parses [OFFSET [LEN]].
+func rangeArgs(args []string) (off, n int64, err error) {
+	n = -1
+	if len(args) > 0 {
+		if off, err = parseSizeArg("offset", args[0]); err != nil {
+			return
+		}
+	}
+	if len(args) > 1 {
+		n, err = parseSizeArg("length", args[1])
+	}
+	return
+}
+
+func newVDIReadCmd() *cobra.Command {
+	var af adminFlags
+	c := &cobra.Command{
+		Use: "read NAME [OFFSET [LEN]]", Short: "Write a VDI's bytes to stdout", Args: cobra.RangeArgs(1, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			off, n, err := rangeArgs(args[1:])
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for n != 0 {
+				chunk := int64(node.MaxAdminData)
+				if n > 0 {
+					chunk = min(chunk, n)
+				}
+				var r struct{ Size int64 }
+				data, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.read", Name: args[0], Offset: off, Length: chunk}, nil, &r)
+				if err != nil {
+					return err
+				}
+				if len(data) == 0 {
+					if n > 0 {
+						return fmt.Errorf("vdi %s: %d bytes past its end (%d bytes)", args[0], n, r.Size)
+					}
+					return nil
+				}
+				if _, err := out.Write(data); err != nil {
+					return err
+				}
+				off += int64(len(data))
+				if n > 0 {
+					n -= int64(len(data))
+				}
+			}
+			return nil
+		},
+	}
+	af.add(c)
+	return c
+}
+
+func newVDIWriteCmd() *cobra.Command {
+	var af adminFlags
+	c := &cobra.Command{
+		Use: "write NAME [OFFSET [LEN]]", Short: "Write stdin to a VDI (durably, through the node's gateway)", Args: cobra.RangeArgs(1, 3),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			off, n, err := rangeArgs(args[1:])
+			if err != nil {
+				return err
+			}
+			in := cmd.InOrStdin()
+			buf := make([]byte, node.MaxAdminData)
+			for n != 0 {
+				want := int64(len(buf))
+				if n > 0 {
+					want = min(want, n)
+				}
+				k, rerr := io.ReadFull(in, buf[:want])
+				if k > 0 {
+					if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.write", Name: args[0], Offset: off}, buf[:k], nil); err != nil {
+						return err
+					}
+					off += int64(k)
+					if n > 0 {
+						n -= int64(k)
+					}
+				}
+				if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+					if n > 0 {
+						return fmt.Errorf("stdin ended %d bytes short of the length", n)
+					}
+					return nil
+				}
+				if rerr != nil {
+					return rerr
+				}
+			}
+			return nil
+		},
+	}
+	af.add(c)
+	return c
+}
+
+func newVDILockCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "lock", Short: "List VDI locks, or break a dead holder's"}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use: "list", Short: "List the VDIs' locks and their holders", Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var ls []membership.Lock
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "lock.list"}, nil, &ls); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), ls, func(w io.Writer) {
+					fmt.Fprintln(w, "VDI\tHOLDER\tTOKEN")
+					for _, l := range ls {
+						fmt.Fprintf(w, "%s\t%s\t%s\n", l.Name, l.Holder, strconv.FormatUint(l.Token, 10))
+					}
+				})
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	{
+		var af adminFlags
+		c := &cobra.Command{
+			Use: "break NAME", Short: "Take a VDI's lock from its holder; the holder is fenced", Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				var l membership.Lock
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "lock.break", Name: args[0]}, nil, &l); err != nil {
+					return err
+				}
+				return af.print(cmd.OutOrStdout(), l, func(w io.Writer) {
+					fmt.Fprintf(w, "broke the lock of vdi %s held by %s (token %d)\n", l.Name, l.Holder, l.Token)
+				})
+			},
+		}
+		af.add(c)
+		cmd.AddCommand(c)
+	}
+	return cmd
+}
+
+// serveMetrics serves reg at http://addr/metrics until ctx ends.
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return nil
+}
