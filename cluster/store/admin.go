@@ -1,0 +1,396 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// takeExcl waits until no call uses o and makes the caller its only
+// user; release with dropExcl.
+func (s *Store) takeExcl(o *obj) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for {
+		s.loadLocked(o)
+		if o.excl || o.prepping {
+			o.cond.Wait()
+			continue
+		}
+		break
+	}
+	o.excl = true
+	for o.users > 0 || o.hdrBusy {
+		o.cond.Wait()
+	}
+}
+
+func (s *Store) dropExcl(o *obj) {
+	o.mu.Lock()
+	o.excl = false
+	o.cond.Broadcast()
+	o.mu.Unlock()
+}
+
+// forget clears o's journal record, if any, and removes it from its
+// VDI's journaled set. The caller holds excl. It returns the journal
+// batch to wait for, 0 if none.
+func (s *Store) forgetLocked(o *obj) uint64 {
+	if !o.journaled {
+		return 0
+	}
+	o.journaled = false
+	return s.j.enqueue(record{key: uint64(o.id), op: recClean})
+}
+
+func (s *Store) forgetWait(o *obj, seq uint64) error {
+	o.v.mu.Lock()
+	delete(o.v.journaled, o.id)
+	o.v.mu.Unlock()
+	if seq == 0 {
+		return nil
+	}
+	if err := s.j.wait(seq); err != nil {
+		return fmt.Errorf("store: object %s: %w", o.id, err)
+	}
+	return nil
+}
+
+// Remove deletes object id, durably (the directory is synced). Removing
+// an object that does not exist succeeds; removing a suspect copy clears
+// its suspicion. It returns ErrStaleToken.
+func (s *Store) Remove(id object.ID, token uint64) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	if err := s.admit(o.v, token); err != nil {
+		return err
+	}
+	defer o.v.done(token)
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	s.fds.drop(id)
+	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return s.failed(o, fmt.Errorf("store: object %s: remove: %w", id, err))
+	}
+	if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
+		if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+			return s.failed(o, fmt.Errorf("store: object %s: remove: %w", id, err))
+		}
+	}
+	o.mu.Lock()
+	o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
+	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
+// Put replaces object id with data at version, atomically and durably
+// (a file written and synced aside, renamed over the old one, directory
+// synced), and clears its suspicion. It is recovery's call: it carries
+// no token and is not fenced. Trailing zeros of data are not stored, and
+// 4 KiB blocks of zeros are left as holes.
+func (s *Store) Put(id object.ID, version uint64, data []byte) error {
+	if len(data) > MaxObjectSize {
+		return fmt.Errorf("store: object %s: put of %d bytes: %w", id, len(data), ErrRange)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	if err := s.ensureVDIDir(o.v); err != nil {
+		return err
+	}
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	tmp := filepath.Join(s.tmpDir, id.String())
+	if err := writeObject(tmp, id, version, data); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("store: object %s: put: %w", id, noSpace(err))
+	}
+	s.fds.drop(id)
+	if err := os.Rename(tmp, o.path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("store: object %s: put: %w", id, err)
+	}
+	if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+		return s.failed(o, fmt.Errorf("store: object %s: put: %w", id, err))
+	}
+	o.mu.Lock()
+	o.exists, o.version, o.hdrDone, o.suspect = true, version, version, false
+	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
+func writeObject(path string, id object.ID, version uint64, data []byte) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var h [headerLen]byte
+	header{id: id, version: version}.encode(h[:])
+	if _, err := unix.Pwrite(fd, h[:], 0); err != nil {
+		return err
+	}
+	n := trimZeros(data)
+	const blk = 4096
+	for off := 0; off < n; off += blk {
+		b := data[off:min(off+blk, n)]
+		if allZero(b) {
+			continue
+		}
+		for done := 0; done < len(b); {
+			k, err := unix.Pwrite(fd, b[done:], HeaderSize+int64(off+done))
+			if err != nil {
+				return err
+			}
+			done += k
+		}
+	}
+	if err := unix.Ftruncate(fd, HeaderSize+int64(n)); err != nil {
+		return err
+	}
+	return unix.Fdatasync(fd)
+}
+
+func trimZeros(b []byte) int {
+	n := len(b)
+	for n > 0 && b[n-1] == 0 {
+		n--
+	}
+	return n
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// ClearSuspect declares this node's copy of id good (recovery found it
+// equal to its peers'): it is synced and served again.
+func (s *Store) ClearSuspect(id object.ID) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	o.mu.Lock()
+	exists := o.exists
+	o.mu.Unlock()
+	if exists {
+		fd, err := s.fds.get(id, o.path, false)
+		if err != nil {
+			return fmt.Errorf("store: object %s: %w", id, err)
+		}
+		err = fdatasync(fd.fd)
+		s.fds.put(fd)
+		if err != nil {
+			return fmt.Errorf("store: object %s: fdatasync: %w", id, err)
+		}
+		o.mu.Lock()
+		o.syncedGen = o.dirtyGen
+		o.mu.Unlock()
+	}
+	o.mu.Lock()
+	created := o.createGen
+	o.mu.Unlock()
+	if err := s.syncVDIDir(o.v, created); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	o.suspect = false
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
+// Checksum returns the CRC32C of object id's content with its trailing
+// zeros trimmed, so that equal content gives equal checksums whatever
+// the holes, and the object's version.
+func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
+	if err := s.enter(); err != nil {
+		return 0, 0, err
+	}
+	defer s.ops.Done()
+	a, err := s.begin(s.obj(id), false, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.end(a)
+	buf := make([]byte, 1<<20)
+	var zeros int64 // zeros seen but not yet fed: they may be trailing
+	for off := int64(HeaderSize); ; {
+		n, err := unix.Pread(a.fd.fd, buf, off)
+		if err != nil {
+			return 0, 0, fmt.Errorf("store: object %s: checksum: read at %d: %w", id, off-HeaderSize, err)
+		}
+		if n == 0 {
+			break
+		}
+		b := buf[:n]
+		off += int64(n)
+		k := trimZeros(b)
+		if k == 0 {
+			zeros += int64(n)
+			continue
+		}
+		for zeros > 0 {
+			z := min(zeros, int64(len(zeroBuf)))
+			crc = crc32.Update(crc, castagnoli, zeroBuf[:z])
+			zeros -= z
+		}
+		crc = crc32.Update(crc, castagnoli, b[:k])
+		zeros = int64(n - k)
+	}
+	return crc, a.version, nil
+}
+
+// Info describes one object copy.
+type Info struct {
+	ID      object.ID
+	Version uint64
+	// Allocated is the bytes the file takes on disk, header included.
+	Allocated int64
+	// Suspect says the copy needs repair; a suspect object may have no
+	// file (its creation was lost in a crash).
+	Suspect bool
+}
+
+// Stat describes object id. It returns ErrNotFound when the object
+// neither exists nor is a suspect copy.
+func (s *Store) Stat(id object.ID) (Info, error) {
+	if err := s.enter(); err != nil {
+		return Info{}, err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	o.mu.Lock()
+	s.loadLocked(o)
+	info := Info{ID: id, Version: o.version, Suspect: o.suspect}
+	exists := o.exists
+	o.mu.Unlock()
+	if !exists && !info.Suspect {
+		return Info{}, fmt.Errorf("store: object %s: %w", id, ErrNotFound)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(o.path, &st); err == nil {
+		info.Allocated = st.Blocks * 512
+	}
+	return info, nil
+}
+
+// List describes every object of vdi (0: of every VDI), sorted by ID.
+func (s *Store) List(vdi object.VDI) ([]Info, error) {
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	ids, err := s.listIDs(vdi)
+	s.ops.Done()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Info, 0, len(ids))
+	for _, id := range ids {
+		info, err := s.Stat(id)
+		if errors.Is(err, ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+func (s *Store) listIDs(vdi object.VDI) ([]object.ID, error) {
+	var vdis []object.VDI
+	if vdi != 0 {
+		vdis = []object.VDI{vdi}
+	} else {
+		ents, err := os.ReadDir(s.objDir)
+		if err != nil {
+			return nil, fmt.Errorf("store: list: %w", err)
+		}
+		for _, e := range ents {
+			if v, err := strconv.ParseUint(e.Name(), 16, 32); err == nil && len(e.Name()) == 8 {
+				vdis = append(vdis, object.VDI(v))
+			}
+		}
+	}
+	seen := map[object.ID]bool{}
+	var ids []object.ID
+	for _, v := range vdis {
+		ents, err := os.ReadDir(s.vdiDir(v))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("store: list vdi %08x: %w", uint32(v), err)
+		}
+		for _, e := range ents {
+			if x, err := strconv.ParseUint(e.Name(), 16, 32); err == nil && len(e.Name()) == 8 {
+				id := object.Make(v, uint32(x))
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	// Suspect copies whose file a crash lost.
+	s.j.mu.Lock()
+	for id, op := range s.j.live.objs {
+		if op == recSuspect && !seen[id] && (vdi == 0 || id.VDI() == vdi) {
+			ids = append(ids, id)
+		}
+	}
+	s.j.mu.Unlock()
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Usage is a store's space account.
+type Usage struct {
+	Objects   int
+	Allocated int64 // bytes the object files take
+	Free      int64 // bytes free on the file system for the store
+	Reserve   int64 // Options.Reserve
+}
+
+// Usage counts the objects and the space they take.
+func (s *Store) Usage() (Usage, error) {
+	infos, err := s.List(0)
+	if err != nil {
+		return Usage{}, err
+	}
+	u := Usage{Objects: len(infos), Reserve: s.opts.Reserve}
+	for _, in := range infos {
+		u.Allocated += in.Allocated
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.objDir, &st); err != nil {
+		return Usage{}, fmt.Errorf("store: statfs: %w", err)
+	}
+	u.Free = int64(st.Bavail) * int64(st.Bsize)
+	return u, nil
+}

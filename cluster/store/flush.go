@@ -1,0 +1,112 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// Flush makes every write to vdi's objects acknowledged before it was
+// called durable, by syncing only the objects written since their last
+// sync, and the VDI's directory when files were created. The objects
+// it leaves clean are then cleared from the dirty journal, so that a
+// crash no longer makes them suspect. vdi 0 flushes every VDI.
+func (s *Store) Flush(vdi object.VDI) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	return s.flush(vdi)
+}
+
+func (s *Store) flush(vdi object.VDI) error {
+	var vs []*vdiState
+	s.mu.Lock()
+	if vdi != 0 {
+		vs = append(vs, s.vdiLocked(vdi))
+	} else {
+		for _, v := range s.vdis {
+			vs = append(vs, v)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	var seq uint64
+	for _, v := range vs {
+		q, err := s.flushVDI(v)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		seq = max(seq, q)
+	}
+	if seq > 0 {
+		if err := s.j.wait(seq); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// flushVDI syncs v's dirty objects and enqueues recClean for those left
+// clean; it returns the journal batch to wait for (0 for none).
+func (s *Store) flushVDI(v *vdiState) (uint64, error) {
+	v.mu.Lock()
+	objs := make([]*obj, 0, len(v.journaled))
+	for _, o := range v.journaled {
+		objs = append(objs, o)
+	}
+	v.mu.Unlock()
+
+	type pending struct {
+		o   *obj
+		gen uint64
+	}
+	var synced []pending
+	var errs []error
+	for _, o := range objs {
+		o.mu.Lock()
+		gen, need, exists := o.dirtyGen, o.dirtyGen != o.syncedGen, o.exists
+		o.mu.Unlock()
+		if need && exists {
+			fd, err := s.fds.get(o.id, o.path, false)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("store: flush: object %s: %w", o.id, err))
+				continue
+			}
+			err = fdatasync(fd.fd)
+			s.fds.put(fd)
+			if err != nil {
+				errs = append(errs, s.failed(o, fmt.Errorf("store: flush: object %s: %w", o.id, err)))
+				continue
+			}
+		}
+		synced = append(synced, pending{o, gen})
+	}
+	v.mu.Lock()
+	gen := v.dirGen
+	v.mu.Unlock()
+	if err := s.syncVDIDir(v, gen); err != nil {
+		return 0, errors.Join(append(errs, err)...)
+	}
+
+	// Clear under v.mu so that a writer re-journaling an object adds it
+	// to v.journaled only after it has left (see obj.prepping).
+	var seq uint64
+	v.mu.Lock()
+	for _, p := range synced {
+		o := p.o
+		o.mu.Lock()
+		if p.gen > o.syncedGen {
+			o.syncedGen = p.gen
+		}
+		if o.journaled && !o.suspect && !o.prepping && !o.excl && o.users == 0 && o.dirtyGen == o.syncedGen && o.createGen <= v.dirSynced {
+			o.journaled = false
+			seq = s.j.enqueue(record{key: uint64(o.id), op: recClean})
+			delete(v.journaled, o.id)
+		}
+		o.mu.Unlock()
+	}
+	v.mu.Unlock()
+	return seq, errors.Join(errs...)
+}

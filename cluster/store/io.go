@@ -1,0 +1,272 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+func checkRange(id object.ID, off, n int64) error {
+	if off < 0 || n < 0 || off > MaxObjectSize || n > MaxObjectSize-off {
+		return fmt.Errorf("store: object %s: range %d+%d: %w", id, off, n, ErrRange)
+	}
+	return nil
+}
+
+// ReadAt reads len(p) bytes of object id at off into p and returns the
+// object's version. Bytes never written read as zeros. It returns
+// ErrNotFound when the object does not exist, ErrSuspect when this copy
+// needs repair, ErrRange when the range lies outside MaxObjectSize.
+func (s *Store) ReadAt(id object.ID, p []byte, off int64) (version uint64, err error) {
+	if err := checkRange(id, off, int64(len(p))); err != nil {
+		return 0, err
+	}
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.ops.Done()
+	a, err := s.begin(s.obj(id), false, false)
+	if err != nil {
+		return 0, err
+	}
+	defer s.end(a)
+	for done := 0; done < len(p); {
+		n, err := unix.Pread(a.fd.fd, p[done:], HeaderSize+off+int64(done))
+		if err != nil {
+			return 0, fmt.Errorf("store: object %s: read at %d: %w", id, off+int64(done), err)
+		}
+		if n == 0 { // past the end of the file: zeros
+			clear(p[done:])
+			break
+		}
+		done += n
+	}
+	return a.version, nil
+}
+
+// mutation is the common frame of every mutating call: range check,
+// token, journal and version, then op does the I/O on the file, then the
+// header and, when sync, fdatasync (and the directory, for a new file).
+func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates bool, op func(fd int) error) (uint64, error) {
+	if err := checkRange(id, off, n); err != nil {
+		return 0, err
+	}
+	if err := s.enter(); err != nil {
+		return 0, err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	if err := s.admit(o.v, token); err != nil {
+		return 0, err
+	}
+	defer o.v.done(token)
+	if allocates {
+		if err := s.checkSpace(n); err != nil {
+			return 0, fmt.Errorf("store: object %s: %w", id, err)
+		}
+	}
+	a, err := s.begin(o, true, true)
+	if err != nil {
+		return 0, err
+	}
+	defer s.end(a)
+	if err := op(a.fd.fd); err != nil {
+		return 0, s.failed(o, fmt.Errorf("store: object %s: at %d+%d: %w", id, off, n, noSpace(err)))
+	}
+	if err := s.writeHeader(a); err != nil {
+		return 0, s.failed(o, err)
+	}
+	if !sync {
+		o.mu.Lock()
+		o.dirtyGen++
+		o.mu.Unlock()
+		return a.version, nil
+	}
+	if err := s.syncObject(a); err != nil {
+		return 0, s.failed(o, err)
+	}
+	return a.version, nil
+}
+
+// syncObject makes everything written to the object so far durable: its
+// data, header and directory entry.
+func (s *Store) syncObject(a *access) error {
+	o := a.o
+	o.mu.Lock()
+	gen, created := o.dirtyGen, o.createGen
+	o.mu.Unlock()
+	if err := unix.Fdatasync(a.fd.fd); err != nil {
+		return fmt.Errorf("store: object %s: fdatasync: %w", o.id, err)
+	}
+	if err := s.syncVDIDir(o.v, created); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	if gen > o.syncedGen {
+		o.syncedGen = gen
+	}
+	o.mu.Unlock()
+	return nil
+}
+
+// checkSpace refuses an allocation of n bytes that would leave less than
+// the reserve free.
+func (s *Store) checkSpace(n int64) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.objDir, &st); err != nil {
+		return fmt.Errorf("statfs: %w", err)
+	}
+	free := int64(st.Bavail) * int64(st.Bsize)
+	if free-n < s.opts.Reserve {
+		return fmt.Errorf("%d bytes free, %d reserved, %d wanted: %w: %w", free, s.opts.Reserve, n, ErrNoSpace, unix.ENOSPC)
+	}
+	return nil
+}
+
+// WriteAt writes p to object id at off, creating the object on its
+// first write, and returns its new version. With sync the data and the
+// version are durable before it returns; without, they are in the page
+// cache and the next Flush of the VDI makes them durable. It returns
+// ErrStaleToken, ErrRange, ErrSuspect, ErrNoSpace.
+func (s *Store) WriteAt(id object.ID, token uint64, p []byte, off int64, sync bool) (version uint64, err error) {
+	return s.mutate(id, token, off, int64(len(p)), sync, true, func(fd int) error {
+		for done := 0; done < len(p); {
+			n, err := unix.Pwrite(fd, p[done:], HeaderSize+off+int64(done))
+			if err != nil {
+				return fmt.Errorf("write: %w", err)
+			}
+			done += n
+		}
+		return nil
+	})
+}
+
+// WriteZeroes makes n bytes of object id at off read as zeros, creating
+// the object, and returns its new version. Without allocate it may punch
+// a hole; with allocate the range stays allocated (FALLOC_FL_ZERO_RANGE,
+// or written zeros).
+func (s *Store) WriteZeroes(id object.ID, token uint64, off, n int64, allocate, sync bool) (uint64, error) {
+	return s.mutate(id, token, off, n, sync, allocate, func(fd int) error {
+		if n == 0 {
+			return nil
+		}
+		if !allocate {
+			return punch(fd, HeaderSize+off, n)
+		}
+		err := unix.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE, HeaderSize+off, n)
+		if errors.Is(err, unix.EOPNOTSUPP) {
+			return writeZeros(fd, HeaderSize+off, n)
+		}
+		if err != nil {
+			return fmt.Errorf("zero range: %w", err)
+		}
+		return nil
+	})
+}
+
+// Discard frees n bytes of object id at off; they then read as zeros.
+// It returns the object's new version.
+func (s *Store) Discard(id object.ID, token uint64, off, n int64, sync bool) (uint64, error) {
+	return s.WriteZeroes(id, token, off, n, false, sync)
+}
+
+// punch deallocates [off, off+n) of the file, clipped to its size, so
+// that the file's size never grows.
+func punch(fd int, off, n int64) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("fstat: %w", err)
+	}
+	if off >= st.Size {
+		return nil
+	}
+	n = min(n, st.Size-off)
+	err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return writeZeros(fd, off, n)
+	}
+	if err != nil {
+		return fmt.Errorf("punch hole: %w", err)
+	}
+	return nil
+}
+
+var zeroBuf [1 << 16]byte
+
+func writeZeros(fd int, off, n int64) error {
+	for n > 0 {
+		k, err := unix.Pwrite(fd, zeroBuf[:min(n, int64(len(zeroBuf)))], off)
+		if err != nil {
+			return fmt.Errorf("write zeros: %w", err)
+		}
+		off += int64(k)
+		n -= int64(k)
+	}
+	return nil
+}
+
+// Extent is a run of an object: data, or a hole that reads as zeros.
+// Data may also read as zeros (written zeros); a hole never holds data.
+type Extent struct {
+	Offset, Length int64
+	Hole           bool
+}
+
+// Extents appends to dst the extents that tile [off, off+n) of object
+// id, from SEEK_DATA and SEEK_HOLE, adjacent runs of one kind merged,
+// and returns the extended slice. It returns ErrNotFound for an object
+// that does not exist.
+func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, error) {
+	if err := checkRange(id, off, n); err != nil {
+		return dst, err
+	}
+	if err := s.enter(); err != nil {
+		return dst, err
+	}
+	defer s.ops.Done()
+	a, err := s.begin(s.obj(id), false, false)
+	if err != nil {
+		return dst, err
+	}
+	defer s.end(a)
+	add := func(e Extent) {
+		if e.Length == 0 {
+			return
+		}
+		if k := len(dst) - 1; k >= 0 && dst[k].Hole == e.Hole && dst[k].Offset+dst[k].Length == e.Offset {
+			dst[k].Length += e.Length
+			return
+		}
+		dst = append(dst, e)
+	}
+	fd := a.fd.fd
+	end := off + n
+	for pos := off; pos < end; {
+		d, err := unix.Seek(fd, HeaderSize+pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) { // no data after pos
+			add(Extent{Offset: pos, Length: end - pos, Hole: true})
+			break
+		}
+		if err != nil {
+			return dst, fmt.Errorf("store: object %s: seek data at %d: %w", id, pos, err)
+		}
+		d -= HeaderSize
+		if d > pos {
+			h := min(d, end)
+			add(Extent{Offset: pos, Length: h - pos, Hole: true})
+			pos = h
+			continue
+		}
+		h, err := unix.Seek(fd, HeaderSize+pos, unix.SEEK_HOLE)
+		if err != nil {
+			return dst, fmt.Errorf("store: object %s: seek hole at %d: %w", id, pos, err)
+		}
+		h = min(h-HeaderSize, end)
+		add(Extent{Offset: pos, Length: h - pos})
+		pos = h
+	}
+	return dst, nil
+}

@@ -1,0 +1,278 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// obj is what a Store knows of one object. It is loaded from the file's
+// header on first use and then kept.
+//
+// Locking: mu is taken after Store.mu and vdiState.mu; journal.mu and
+// fdcache.mu may be taken under it. It is never held across I/O: a
+// caller that must do I/O for the object's state (load, journal record,
+// creation, header) sets the flag that says so, drops mu, and the others
+// wait on cond.
+type obj struct {
+	id   object.ID
+	v    *vdiState
+	path string
+
+	mu        sync.Mutex
+	cond      sync.Cond
+	loaded    bool
+	loading   bool   // one caller reads the header
+	exists    bool   // the file exists (or is being created by prep)
+	version   uint64 // last version handed out
+	suspect   bool   // the copy may be torn; recSuspect is in the journal
+	journaled bool   // a recDirty or recSuspect record is durable
+	prepping  bool   // one writer journals or creates
+	excl      bool   // Put, Remove or ClearSuspect owns the object
+	users     int    // calls using the file
+	createGen uint64 // vdiState.dirGen when the file was created
+	dirtyGen  uint64 // bumped by every acknowledged unsynced mutation
+	syncedGen uint64 // dirtyGen covered by an fdatasync
+	hdrBusy   bool   // one caller writes the header
+	hdrDone   uint64 // version in the header (page cache)
+}
+
+// load reads the object's header the first time. Called with o.mu held;
+// returns with it held.
+func (s *Store) loadLocked(o *obj) {
+	for !o.loaded {
+		if o.loading {
+			o.cond.Wait()
+			continue
+		}
+		o.loading = true
+		o.mu.Unlock()
+		exists, ver, err := s.readHeader(o)
+		o.mu.Lock()
+		o.loading, o.loaded = false, true
+		o.exists, o.version, o.hdrDone = exists, ver, ver
+		if err != nil && !o.suspect {
+			s.log.Error("store: object header unreadable, copy suspect", "object", o.id, "err", err)
+			o.suspect = true
+			o.journaled = true
+			s.j.enqueue(record{key: uint64(o.id), op: recSuspect}) // durable with the next batch
+		}
+		o.cond.Broadcast()
+	}
+}
+
+func (s *Store) readHeader(o *obj) (exists bool, version uint64, err error) {
+	fd, err := unix.Open(o.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, fmt.Errorf("open: %w", err)
+	}
+	defer unix.Close(fd)
+	var b [headerLen]byte
+	n, err := unix.Pread(fd, b[:], 0)
+	if err != nil {
+		return true, 0, fmt.Errorf("read header: %w", err)
+	}
+	h, err := decodeHeader(b[:n], o.id)
+	if err != nil {
+		return true, 0, err
+	}
+	return true, h.version, nil
+}
+
+// access is a call's hold on an object; release with end.
+type access struct {
+	o       *obj
+	fd      *fdEntry
+	version uint64
+	created bool
+}
+
+// begin admits a call to o: it loads o, waits out Put and Remove, and
+// refuses suspect copies. A write (mutate) makes sure the object is
+// journaled and, when create, exists; it takes the next version. The
+// file is opened unless the object does not exist (then ErrNotFound).
+func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
+	o.mu.Lock()
+	for {
+		s.loadLocked(o)
+		if o.excl {
+			o.cond.Wait()
+			continue
+		}
+		if o.suspect {
+			o.mu.Unlock()
+			return nil, fmt.Errorf("store: object %s: %w", o.id, ErrSuspect)
+		}
+		if !o.exists && !create {
+			o.mu.Unlock()
+			return nil, fmt.Errorf("store: object %s: %w", o.id, ErrNotFound)
+		}
+		if !mutate || (o.journaled && o.exists) {
+			break
+		}
+		if o.prepping {
+			o.cond.Wait()
+			continue
+		}
+		if err := s.prepLocked(o); err != nil {
+			o.mu.Unlock()
+			return nil, err
+		}
+	}
+	a := &access{o: o}
+	o.users++
+	if mutate {
+		o.version++
+		a.version = o.version
+	} else {
+		a.version = o.version
+	}
+	o.mu.Unlock()
+	fd, err := s.fds.get(o.id, o.path, false)
+	if err != nil {
+		s.end(a)
+		return nil, fmt.Errorf("store: object %s: open: %w", o.id, err)
+	}
+	a.fd = fd
+	return a, nil
+}
+
+// prepLocked journals o (durably, before any write to it) and creates
+// its file. Called with o.mu held and o.prepping false; drops mu for the
+// I/O and returns with it held.
+func (s *Store) prepLocked(o *obj) error {
+	o.prepping = true
+	needJ, needC := !o.journaled, !o.exists
+	var seq uint64
+	if needJ {
+		seq = s.j.enqueue(record{key: uint64(o.id), op: recDirty})
+	}
+	o.mu.Unlock()
+	createGen, err := s.prepIO(o, needJ, needC, seq)
+	o.mu.Lock()
+	o.prepping = false
+	o.cond.Broadcast()
+	if err != nil {
+		return err
+	}
+	if needJ {
+		o.journaled = true
+	}
+	if needC {
+		o.exists = true
+		o.hdrDone = 0
+		o.createGen = createGen
+	}
+	return nil
+}
+
+// prepIO does prepLocked's I/O and returns, for a created file, the
+// VDI's directory generation that covers it.
+func (s *Store) prepIO(o *obj, needJ, needC bool, seq uint64) (uint64, error) {
+	if needJ {
+		if err := s.j.wait(seq); err != nil {
+			return 0, fmt.Errorf("store: object %s: %w", o.id, err)
+		}
+		o.v.mu.Lock()
+		o.v.journaled[o.id] = o
+		o.v.mu.Unlock()
+	}
+	if !needC {
+		return 0, nil
+	}
+	if err := s.ensureVDIDir(o.v); err != nil {
+		return 0, err
+	}
+	fd, err := unix.Open(o.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("store: object %s: create: %w", o.id, noSpace(err))
+	}
+	defer unix.Close(fd)
+	o.v.mu.Lock()
+	o.v.dirGen++
+	gen := o.v.dirGen
+	o.v.mu.Unlock()
+	var b [headerLen]byte
+	header{id: o.id}.encode(b[:])
+	if _, err := unix.Pwrite(fd, b[:], 0); err != nil {
+		return 0, fmt.Errorf("store: object %s: create: %w", o.id, noSpace(err))
+	}
+	return gen, nil
+}
+
+func (s *Store) end(a *access) {
+	if a.fd != nil {
+		s.fds.put(a.fd)
+	}
+	o := a.o
+	o.mu.Lock()
+	if o.users--; o.users == 0 {
+		o.cond.Broadcast()
+	}
+	o.mu.Unlock()
+}
+
+// writeHeader makes sure the header holds at least version ver (in the
+// page cache). Concurrent writers share the header writes: one writes
+// the newest version while the others wait.
+func (s *Store) writeHeader(a *access) error {
+	o := a.o
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for o.hdrDone < a.version {
+		if o.hdrBusy {
+			o.cond.Wait()
+			continue
+		}
+		o.hdrBusy = true
+		w := o.version
+		o.mu.Unlock()
+		var b [headerLen]byte
+		header{id: o.id, version: w}.encode(b[:])
+		_, err := unix.Pwrite(a.fd.fd, b[:], 0)
+		o.mu.Lock()
+		o.hdrBusy = false
+		o.cond.Broadcast()
+		if err != nil {
+			return fmt.Errorf("store: object %s: write header: %w", o.id, noSpace(err))
+		}
+		if w > o.hdrDone {
+			o.hdrDone = w
+		}
+	}
+	return nil
+}
+
+// failed marks o suspect after an I/O error left its copy unknown.
+func (s *Store) failed(o *obj, err error) error {
+	o.mu.Lock()
+	already := o.suspect
+	o.suspect = true
+	var seq uint64
+	if !already {
+		seq = s.j.enqueue(record{key: uint64(o.id), op: recSuspect})
+	}
+	o.mu.Unlock()
+	if !already {
+		s.log.Error("store: write failed, copy suspect", "object", o.id, "err", err)
+		if jerr := s.j.wait(seq); jerr != nil {
+			return errors.Join(err, jerr)
+		}
+	}
+	return err
+}
+
+// noSpace makes ENOSPC an ErrNoSpace.
+func noSpace(err error) error {
+	if errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
+}
