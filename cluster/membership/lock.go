@@ -1,0 +1,170 @@
+package membership
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Lock is a VDI's writer lock. Token is the lock key's create revision:
+// etcd's revisions only grow, so each new lock of any VDI gets a larger
+// token than every lock before it, and storage nodes refuse writes with
+// a token below the highest they have seen for the VDI.
+type Lock struct {
+	VDI    object.VDI `json:"vdi"`
+	Name   string     `json:"name"`
+	Holder string     `json:"holder"`
+	Token  uint64     `json:"-"`
+	Lease  int64      `json:"-"`
+}
+
+// lockRecord is the stored value of a lock key.
+type lockRecord struct {
+	VDI    object.VDI `json:"vdi"`
+	Name   string     `json:"name"`
+	Holder string     `json:"holder"`
+}
+
+func decodeLock(kv *mvccpb.KeyValue) (Lock, error) {
+	var r lockRecord
+	if err := json.Unmarshal(kv.Value, &r); err != nil {
+		return Lock{}, fmt.Errorf("membership: lock record %s %q: %w", kv.Key, kv.Value, err)
+	}
+	return Lock{VDI: r.VDI, Name: r.Name, Holder: r.Holder, Token: uint64(kv.CreateRevision), Lease: kv.Lease}, nil
+}
+
+// Lock takes the writer lock of the VDI named name for holder, under
+// r's lease: it vanishes when the lease does. A lock the same holder
+// already has under the same lease is returned as it is. Another holder
+// gets a *LockedError naming it; an unknown VDI ErrNoVDI; a fenced
+// registration ErrFenced.
+func (c *Client) Lock(ctx context.Context, r *Registration, name, holder string) (Lock, error) {
+	if err := r.Err(); err != nil {
+		return Lock{}, fmt.Errorf("membership: lock vdi %q: %w", name, err)
+	}
+	if holder == "" {
+		return Lock{}, fmt.Errorf("membership: lock vdi %q: empty holder: %w", name, ErrInvalid)
+	}
+	for {
+		v, create, _, err := c.getVDI(ctx, name)
+		if err != nil {
+			return Lock{}, fmt.Errorf("membership: lock: %w", err)
+		}
+		b, err := json.Marshal(lockRecord{VDI: v.ID, Name: v.Name, Holder: holder})
+		if err != nil {
+			return Lock{}, fmt.Errorf("membership: lock vdi %q: %w", name, err)
+		}
+		lk := c.k.lock(v.ID)
+		resp, err := c.cli.Txn(ctx).If(
+			// The VDI is the one we read (not deleted and recreated).
+			clientv3.Compare(clientv3.CreateRevision(c.k.vdiName(name)), "=", create),
+			clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
+		).Then(
+			clientv3.OpPut(lk, string(b), clientv3.WithLease(r.LeaseID())),
+			clientv3.OpGet(lk),
+		).Else(
+			clientv3.OpGet(lk),
+		).Commit()
+		if err != nil {
+			return Lock{}, fmt.Errorf("membership: lock vdi %q: %w", name, err)
+		}
+		get := resp.Responses[len(resp.Responses)-1].GetResponseRange()
+		if len(get.Kvs) == 0 {
+			continue // the VDI changed, or the lock went between: again
+		}
+		l, err := decodeLock(get.Kvs[0])
+		if err != nil {
+			return Lock{}, err
+		}
+		if resp.Succeeded || l.Holder == holder && l.Lease == int64(r.LeaseID()) {
+			return l, nil
+		}
+		return Lock{}, fmt.Errorf("membership: lock: %w", &LockedError{Name: name, Holder: l.Holder})
+	}
+}
+
+// Unlock releases l. It returns ErrNotLocked when the lock is no
+// longer l (broken, or gone with its lease).
+func (c *Client) Unlock(ctx context.Context, l Lock) error {
+	lk := c.k.lock(l.VDI)
+	resp, err := c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(lk), "=", int64(l.Token))).
+		Then(clientv3.OpDelete(lk)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("membership: unlock vdi %q: %w", l.Name, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("membership: unlock vdi %q token %d: %w", l.Name, l.Token, ErrNotLocked)
+	}
+	return nil
+}
+
+// Locks returns every held lock, sorted by VDI name. The caller owns
+// the slice.
+func (c *Client) Locks(ctx context.Context) ([]Lock, error) {
+	resp, err := c.cli.Get(ctx, c.k.locks(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("membership: list locks: %w", err)
+	}
+	ls := make([]Lock, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		l, err := decodeLock(kv)
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	sortLocks(ls)
+	return ls, nil
+}
+
+// LockOf returns the lock of the VDI named name, or ErrNotLocked.
+func (c *Client) LockOf(ctx context.Context, name string) (Lock, error) {
+	v, err := c.GetVDI(ctx, name)
+	if err != nil {
+		return Lock{}, err
+	}
+	resp, err := c.cli.Get(ctx, c.k.lock(v.ID))
+	if err != nil {
+		return Lock{}, fmt.Errorf("membership: get lock of vdi %q: %w", name, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Lock{}, fmt.Errorf("membership: vdi %q: %w", name, ErrNotLocked)
+	}
+	return decodeLock(resp.Kvs[0])
+}
+
+// BreakLock deletes the lock of the VDI named name, whoever holds it,
+// and returns what it deleted. The holder's lease is left alone (it may
+// be a live node's). The next Lock gets a larger token, so storage
+// nodes refuse the old holder's writes once the new holder has shown
+// them its token. It returns ErrNotLocked when there is no lock.
+func (c *Client) BreakLock(ctx context.Context, name string) (Lock, error) {
+	for {
+		l, err := c.LockOf(ctx, name)
+		if err != nil {
+			return Lock{}, fmt.Errorf("membership: break lock: %w", err)
+		}
+		lk := c.k.lock(l.VDI)
+		resp, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(lk), "=", int64(l.Token))).
+			Then(clientv3.OpDelete(lk)).
+			Commit()
+		if err != nil {
+			return Lock{}, fmt.Errorf("membership: break lock of vdi %q: %w", name, err)
+		}
+		if resp.Succeeded {
+			c.log.Warn("lock broken", "vdi", name, "holder", l.Holder, "token", l.Token)
+			return l, nil
+		}
+		if errors.Is(err, ErrNotLocked) {
+			return Lock{}, err
+		}
+	}
+}
