@@ -532,7 +532,7 @@ func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) 
 				runs[i] = []protocol.Extent{{Offset: uint64(pc.off), Length: uint64(pc.n), Hole: true}}
 				return nil
 			}
-			ext, err := protocol.ParseExtents(resp.Payload)
+			ext, err := protocol.ParseExtents(nil, resp.Payload)
 			if err != nil {
 				return fmt.Errorf("gateway: vdi %s: extents of object %s: %w", d.cfg.Name, pc.obj, err)
 			}

@@ -285,29 +285,29 @@ func TestFUAIsOneSyncRequest(t *testing.T) {
 	if _, err := d.WriteAt(ctx, fill(1, 4096), 0, block.FUA); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.net.get("WRITE sync"); got != 3 {
+	if got := c.net.get("write sync"); got != 3 {
 		t.Errorf("FUA write: %d sync writes, want 3 (one per replica)", got)
 	}
-	if got := c.net.get("WRITE"); got != 3 {
+	if got := c.net.get("write"); got != 3 {
 		t.Errorf("FUA write: %d writes, want 3", got)
 	}
 	if err := d.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.net.get("FLUSH"); got != 0 {
+	if got := c.net.get("flush"); got != 0 {
 		t.Errorf("flush after only FUA writes sent %d flushes, want 0", got)
 	}
 	c.net.reset()
 	if _, err := d.WriteAt(ctx, fill(2, 4096), 1<<20, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.net.get("WRITE sync"); got != 0 {
+	if got := c.net.get("write sync"); got != 0 {
 		t.Errorf("plain write: %d sync writes, want 0", got)
 	}
 	if err := d.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.net.get("FLUSH"); got != 3 {
+	if got := c.net.get("flush"); got != 3 {
 		t.Errorf("flush after one plain write went to %d nodes, want its 3 replicas", got)
 	}
 	// The flush went to the object's replicas exactly.
@@ -316,7 +316,7 @@ func TestFUAIsOneSyncRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range reps {
-		if got := c.net.get("FLUSH " + c.view.Addr[id]); got != 1 {
+		if got := c.net.get("flush " + c.view.Addr[id]); got != 1 {
 			t.Errorf("replica %s got %d flushes, want 1", id, got)
 		}
 	}
@@ -324,7 +324,7 @@ func TestFUAIsOneSyncRequest(t *testing.T) {
 	if err := d.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := c.net.get("FLUSH"); got != 0 {
+	if got := c.net.get("flush"); got != 0 {
 		t.Errorf("a second flush with nothing written sent %d flushes", got)
 	}
 }
@@ -377,7 +377,7 @@ func TestEpochRetry(t *testing.T) {
 	var refused atomic.Bool
 	go func() {
 		// Publish epoch 2 to the gateway only once a node refused epoch 1.
-		for c.net.get("WRITE") == 0 {
+		for c.net.get("write") == 0 {
 			time.Sleep(time.Millisecond)
 		}
 		refused.Store(true)
@@ -466,7 +466,7 @@ func TestRange(t *testing.T) {
 	if _, err := d.ReadAt(ctx, make([]byte, 1), 1<<20); !errors.Is(err, block.ErrOutOfRange) {
 		t.Errorf("read past the end: %v", err)
 	}
-	if n := c.net.get("WRITE") + c.net.get("READ"); n != 0 {
+	if n := c.net.get("write") + c.net.get("read"); n != 0 {
 		t.Errorf("%d requests reached a node", n)
 	}
 	if _, err := gateway.Open(ctx, gateway.Config{VDI: 1, Size: 1, Copies: 1, ObjectShift: 12, Views: gateway.StaticViews{V: c.view}, Net: c.net}); err == nil {

@@ -345,7 +345,7 @@ func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 			n.log.Warn("removing a deleted VDI's objects", "vdi", vd.Name, "on", id, "err", err)
 			continue
 		}
-		infos, err := protocol.ParseObjectInfos(resp.Payload)
+		infos, err := protocol.ParseObjectInfos(nil, resp.Payload)
 		if err != nil {
 			continue
 		}
@@ -377,7 +377,7 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 		if err := n.pool.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch}, &resp); err != nil {
 			return nil, fmt.Errorf("listing node %s: %w", id, err)
 		}
-		infos, err := protocol.ParseObjectInfos(resp.Payload)
+		infos, err := protocol.ParseObjectInfos(nil, resp.Payload)
 		if err != nil {
 			return nil, fmt.Errorf("listing node %s: %w", id, err)
 		}
@@ -419,7 +419,7 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 				rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}})
 				continue
 			}
-			crc, err := protocol.ParseChecksum(resp.Payload)
+			crc, _, err := protocol.ParseChecksumReply(resp.Payload)
 			if err != nil {
 				return nil, err
 			}

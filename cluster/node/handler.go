@@ -136,7 +136,7 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		var crc uint32
 		crc, ver, err = st.Checksum(req.Object)
 		if err == nil {
-			resp.Payload = protocol.AppendChecksum(resp.Payload[:0], crc)
+			resp.Payload = protocol.AppendChecksumReply(resp.Payload[:0], crc, ver)
 		}
 	case protocol.OpExtents:
 		var ext []store.Extent

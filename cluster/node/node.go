@@ -296,7 +296,10 @@ func (n *Node) stop(why error) {
 		n.nsrv.Close()
 	}
 	if n.psrv != nil {
-		n.psrv.Close()
+		// An ended context makes Shutdown close every connection at once.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		n.psrv.Shutdown(ctx)
 	}
 	close(n.done)
 }

@@ -64,10 +64,11 @@ const (
 	OpList        Op = 10 // list the objects this node holds of a VDI (0: all), from ID Offset, at most Length
 	OpChecksum    Op = 11 // CRC32C of Length bytes at Offset, and the version
 	OpExtents     Op = 12 // allocated and hole ranges of Length bytes at Offset
+	OpAdmin       Op = 13 // an admin command: a framed JSON request in Payload (cluster/node)
 )
 
 // maxOp is the highest opcode this version knows.
-const maxOp = OpExtents
+const maxOp = OpAdmin
 
 // bounds says how an op's Offset and Length are checked before a
 // handler runs.
@@ -112,6 +113,7 @@ var ops = [...]opSpec{
 	OpList:        {name: "list", bounds: boundsList},
 	OpChecksum:    {name: "checksum", bounds: boundsObject},
 	OpExtents:     {name: "extents", bounds: boundsObject},
+	OpAdmin:       {name: "admin", payload: true},
 }
 
 // Known reports whether this version of the protocol defines op.
