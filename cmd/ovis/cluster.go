@@ -133,7 +133,7 @@ func newNodeCmd() *cobra.Command {
 				}
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "ovis node %s serving on %s (epoch %d)\n", n.ID(), n.Addr(), 0)
+			fmt.Fprintf(out, "ovis node %s serving on %s\n", n.ID(), n.Addr())
 			if len(cfg.Etcd) == 0 {
 				fmt.Fprintf(out, "another node joins with: ovis node --dir DIR --etcd %s --listen HOST:PORT\n", strings.Join(n.EtcdEndpoints(), ","))
 			}

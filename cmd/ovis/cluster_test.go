@@ -1,0 +1,371 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ovis-storage/ovis/internal/testutil"
+)
+
+// clusterNode is one `ovis node` process.
+type clusterNode struct {
+	cmd    *exec.Cmd
+	dir    string
+	addr   string // node-to-node and admin
+	etcd   string // the embedded etcd's URL, for the first node
+	nbd    string
+	stderr *syncBuffer
+	exited chan struct{}
+	err    error
+}
+
+var (
+	servingRE = regexp.MustCompile(`serving on (\S+)`)
+	joinRE    = regexp.MustCompile(`--etcd (\S+)`)
+	nbdRE     = regexp.MustCompile(`nbd://(\S+)/NAME`)
+)
+
+// startClusterNode starts `ovis node` with its data in dir and waits until
+// it prints where it serves. etcd is the cluster's etcd; empty embeds one.
+func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterNode {
+	t.Helper()
+	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--lease", "3s", "--log-level", "info"}
+	if etcd == "" {
+		args = append(args, "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
+	} else {
+		args = append(args, "--etcd", etcd)
+	}
+	args = append(args, extra...)
+	n := &clusterNode{dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	n.cmd = exec.Command(ovisBin, args...)
+	n.cmd.Stderr = n.stderr
+	out, err := n.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		n.err = n.cmd.Wait()
+		close(n.exited)
+	}()
+	t.Cleanup(func() { n.kill(syscall.SIGKILL) })
+	deadline := time.After(60 * time.Second)
+	for n.nbd == "" {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				<-n.exited
+				t.Fatalf("ovis %s exited (%v) before serving\nstderr:\n%s", strings.Join(args, " "), n.err, n.stderr)
+			}
+			if m := servingRE.FindStringSubmatch(l); m != nil {
+				n.addr = m[1]
+			}
+			if m := joinRE.FindStringSubmatch(l); m != nil {
+				n.etcd = m[1]
+			}
+			if m := nbdRE.FindStringSubmatch(l); m != nil {
+				n.nbd = m[1]
+			}
+		case <-deadline:
+			t.Fatalf("ovis node did not start in 60 s\nstderr:\n%s", n.stderr)
+		}
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	return n
+}
+
+// kill sends sig and waits for the process to end.
+func (n *clusterNode) kill(sig syscall.Signal) {
+	select {
+	case <-n.exited:
+		return
+	default:
+	}
+	n.cmd.Process.Signal(sig)
+	select {
+	case <-n.exited:
+	case <-time.After(30 * time.Second):
+		n.cmd.Process.Kill()
+		<-n.exited
+	}
+}
+
+// admin runs an admin verb against node n.
+func (n *clusterNode) admin(t *testing.T, args ...string) result {
+	t.Helper()
+	return ovis(t, n.dir, append(args, "-a", n.addr)...)
+}
+
+func (n *clusterNode) mustAdmin(t *testing.T, args ...string) result {
+	t.Helper()
+	r := n.admin(t, args...)
+	if r.code != 0 {
+		t.Fatalf("ovis %s: exit %d\nstderr: %s\nstdout: %s\nnode stderr:\n%s", strings.Join(args, " "), r.code, r.stderr, r.stdout, n.stderr)
+	}
+	return r
+}
+
+func startCluster(t *testing.T, count int) []*clusterNode {
+	t.Helper()
+	base := t.TempDir()
+	first := startClusterNode(t, filepath.Join(base, "n1"), "")
+	nodes := []*clusterNode{first}
+	for i := 2; i <= count; i++ {
+		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), first.etcd))
+	}
+	// Every node is in the epoch.
+	waitUntil(t, 20*time.Second, func() (bool, string) {
+		r := first.admin(t, "node", "list", "--output", "json")
+		var ns []struct {
+			ID    string `json:"id"`
+			State string `json:"state"`
+		}
+		json.Unmarshal([]byte(r.stdout), &ns)
+		up := 0
+		for _, n := range ns {
+			if n.State == "up" {
+				up++
+			}
+		}
+		return up == count, r.stdout + r.stderr
+	})
+	return nodes
+}
+
+func waitUntil(t *testing.T, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met in %v; last: %s", d, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func runQemuIO(t *testing.T, dir string, args ...string) result {
+	t.Helper()
+	o, e, c := testutil.RunIn(t, dir, "qemu-io", args...)
+	return result{o, e, c}
+}
+
+// TestClusterEndToEnd runs three `ovis node` processes with the embedded
+// etcd, formats the cluster, creates a VDI, writes it with qemu-io through
+// one node and checks it through another against the same writes made to
+// a raw file.
+func TestClusterEndToEnd(t *testing.T) {
+	nodes := startCluster(t, 3)
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	dir := t.TempDir()
+
+	if r := n1.admin(t, "vdi", "create", "early", "1M"); r.code == 0 || !strings.Contains(r.stderr, "not formatted") {
+		t.Errorf("vdi create before format: exit %d, stderr %q; want a refusal naming the missing format", r.code, r.stderr)
+	}
+	if r := n1.admin(t, "cluster", "format", "--copies", "4"); r.code == 0 || !strings.Contains(r.stderr, "copies 4") {
+		t.Errorf("format with 4 copies on 3 nodes: exit %d, stderr %q", r.code, r.stderr)
+	}
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	if r := n2.admin(t, "cluster", "format", "--copies", "2"); r.code == 0 || !strings.Contains(r.stderr, "already formatted") {
+		t.Errorf("a second format without --force: exit %d, stderr %q", r.code, r.stderr)
+	}
+	n1.mustAdmin(t, "vdi", "create", "disk0", "64M")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"disk0", "1M"}, "exists"},
+		{[]string{"zero", "0"}, "size"},
+		{[]string{"odd", "1000"}, "512"},
+		{[]string{"huge", "20E"}, "size"},
+		{[]string{"a/b", "1M"}, "/"},
+		{[]string{"", "1M"}, "name"},
+		{[]string{"ctl\x01", "1M"}, "name"},
+		{[]string{strings.Repeat("x", 256), "1M"}, "name"},
+		{[]string{"many", "1M", "--copies", "4"}, "copies"},
+		{[]string{"objs", "1M", "--object-size", "128M"}, "object size"},
+		{[]string{"objs", "1M", "--object-size", "3M"}, "object size"},
+	} {
+		r := n2.admin(t, append([]string{"vdi", "create"}, c.args...)...)
+		if r.code == 0 || !strings.Contains(strings.ToLower(r.stderr), strings.ToLower(c.want)) {
+			t.Errorf("vdi create %q: exit %d, stderr %q; want an error about %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	if r := n1.mustAdmin(t, "vdi", "list", "--output", "json"); strings.Count(r.stdout, `"name"`) != 1 {
+		t.Errorf("after refused creates, vdi list shows:\n%s", r.stdout)
+	}
+	if r := ovis(t, dir, "vdi", "list", "-a", "127.0.0.1:1"); r.code == 0 || !strings.Contains(r.stderr, "no ovis node at 127.0.0.1:1") {
+		t.Errorf("admin command to an address with no node: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	// The same writes to the VDI through n1 and to a raw file.
+	raw := filepath.Join(dir, "model.raw")
+	if r := qemuImg(t, dir, "create", "-f", "raw", raw, "64M"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	script := []string{
+		"write -P 0xaa 0 1M",
+		"write -P 0x55 3M 2M",   // across an object boundary (4 MiB objects)
+		"write -P 0x11 5000 3000", // unaligned
+		"write -z 1M 512k",
+		"write -P 0x77 63M 1M", // the last object
+		"write -P 0x33 8M 4M",
+		"discard 8M 4M", // a whole object freed
+		"write -P 0x44 20M 64k",
+		"discard 20M 4k", // a partial range punched
+		"flush",
+	}
+	var qargs []string
+	for _, s := range script {
+		qargs = append(qargs, "-c", s)
+	}
+	url1 := "nbd://" + n1.nbd + "/disk0"
+	url2 := "nbd://" + n2.nbd + "/disk0"
+	if r := runQemuIO(t, dir, append([]string{"-f", "raw", raw}, qargs...)...); r.code != 0 {
+		t.Fatal(r.stdout, r.stderr)
+	}
+	if r := runQemuIO(t, dir, append([]string{"-f", "raw", url1}, qargs...)...); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io through node 1: exit %d\n%s%s\nnode stderr:\n%s", r.code, r.stdout, r.stderr, n1.stderr)
+	}
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", raw, url2); r.code != 0 {
+		t.Fatalf("qemu-img compare of the model and the VDI through node 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := n2.mustAdmin(t, "cluster", "check"); !strings.Contains(r.stdout, "0 problems") {
+		t.Errorf("cluster check:\n%s", r.stdout)
+	}
+
+	// nbdcopy both ways.
+	out := filepath.Join(dir, "out.raw")
+	if o, e, c := testutil.RunIn(t, dir, "nbdcopy", url2, out); c != 0 {
+		t.Fatalf("nbdcopy from the VDI: %s%s", o, e)
+	}
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", raw, out); r.code != 0 {
+		t.Fatalf("nbdcopy's copy differs: %s%s", r.stdout, r.stderr)
+	}
+	if o, e, c := testutil.RunIn(t, dir, "nbdcopy", raw, url1); c != 0 {
+		t.Fatalf("nbdcopy into the VDI: %s%s", o, e)
+	}
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", raw, url2); r.code != 0 {
+		t.Fatalf("after nbdcopy into the VDI: %s%s", r.stdout, r.stderr)
+	}
+
+	// n1 holds the lock: n2's export is read-only and a write is refused.
+	if r := n1.mustAdmin(t, "vdi", "lock", "list"); !strings.Contains(r.stdout, "disk0") || !strings.Contains(r.stdout, n1ID(t, n1)) {
+		t.Errorf("lock list does not show disk0 held by node 1:\n%s", r.stdout)
+	}
+	if r := runQemuIO(t, dir, "-f", "raw", url2, "-c", "write -P 0x99 0 4k"); r.code == 0 && !strings.Contains(r.stdout+r.stderr, "ermission") && !strings.Contains(r.stdout+r.stderr, "read-only") {
+		t.Errorf("a write through node 2 while node 1 holds the lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	w := exec.Command(ovisBin, "vdi", "write", "disk0", "0", "4096", "-a", n2.addr)
+	w.Stdin = strings.NewReader(strings.Repeat("x", 4096))
+	if out, err := w.CombinedOutput(); err == nil || !strings.Contains(string(out), "locked by "+n1ID(t, n1)) {
+		t.Errorf("vdi write through node 2: %v, output %q; want the holder named", err, out)
+	}
+	// Through the holder, vdi write and read work.
+	w = exec.Command(ovisBin, "vdi", "write", "disk0", "1M", "-a", n1.addr)
+	w.Stdin = strings.NewReader(strings.Repeat("ovis", 1024))
+	if out, err := w.CombinedOutput(); err != nil {
+		t.Fatalf("vdi write through node 1: %v, %s", err, out)
+	}
+	if r := n2.mustAdmin(t, "vdi", "read", "disk0", "1M", "4096"); r.stdout != strings.Repeat("ovis", 1024) {
+		t.Fatalf("vdi read through node 2 after vdi write: %d bytes, not what was written", len(r.stdout))
+	}
+	// The model gets the same bytes.
+	if f, err := os.OpenFile(raw, os.O_WRONLY, 0); err != nil {
+		t.Fatal(err)
+	} else {
+		_, err := f.WriteAt([]byte(strings.Repeat("ovis", 1024)), 1<<20)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", raw, url2); r.code != 0 {
+		t.Fatalf("a refused writer changed data: %s%s", r.stdout, r.stderr)
+	}
+
+	// A damaged replica is found and named.
+	obj := damageOneObject(t, filepath.Join(n3.dir, "objects"))
+	if r := n1.admin(t, "cluster", "check"); r.code == 0 || !strings.Contains(r.stdout, obj) {
+		t.Errorf("cluster check after damaging object %s on node 3: exit %d\n%s%s", obj, r.code, r.stdout, r.stderr)
+	}
+
+	// Node 3 dies: every byte still reads back through node 2.
+	n3.kill(syscall.SIGKILL)
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", raw, url2); r.code != 0 {
+		t.Fatalf("after node 3's death: %s%s", r.stdout, r.stderr)
+	}
+}
+
+// n1ID reads a node's ID from its data folder.
+func n1ID(t *testing.T, n *clusterNode) string {
+	b, err := os.ReadFile(filepath.Join(n.dir, "node-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// damageOneObject flips a byte of the data of one object file under dir
+// and returns the object's ID as ovis prints it.
+func damageOneObject(t *testing.T, dir string) string {
+	t.Helper()
+	var victim string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || victim != "" {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && fi.Size() > 4096+100 {
+			victim = path
+		}
+		return nil
+	})
+	if victim == "" {
+		t.Fatalf("no object file with data under %s", dir)
+	}
+	f, err := os.OpenFile(victim, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, 4096+10); err != nil && err != io.EOF {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, 4096+10); err != nil {
+		t.Fatal(err)
+	}
+	rel, _ := filepath.Rel(dir, victim)
+	// objects/<vdi hex>/<index hex>: the ID is the two, each 8 digits.
+	parts := strings.Split(filepath.ToSlash(rel), "/")
+	if len(parts) < 2 {
+		t.Fatalf("object file %s is not under a VDI's folder", victim)
+	}
+	return parts[len(parts)-2] + parts[len(parts)-1]
+}
