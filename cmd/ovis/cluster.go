@@ -126,13 +126,15 @@ func newNodeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			out := cmd.OutOrStdout()
 			if metrics != "" {
-				if err := serveMetrics(ctx, metrics, reg, log); err != nil {
+				addr, err := serveMetrics(ctx, metrics, reg, log)
+				if err != nil {
 					n.Close(context.Background())
 					return err
 				}
+				fmt.Fprintf(out, "metrics at http://%s/metrics\n", addr)
 			}
-			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "ovis node %s serving on %s\n", n.ID(), n.Addr())
 			if len(cfg.Etcd) == 0 {
 				fmt.Fprintf(out, "another node joins with: ovis node --dir DIR --etcd %s --listen HOST:PORT\n", strings.Join(n.EtcdEndpoints(), ","))
@@ -530,15 +532,15 @@ func newVDILockCmd() *cobra.Command {
 }
 
 // serveMetrics serves reg at http://addr/metrics until ctx ends.
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) error {
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, log *slog.Logger) (string, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("--metrics: %w", err)
+		return "", fmt.Errorf("--metrics: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(l)
 	context.AfterFunc(ctx, func() { srv.Close() })
-	return nil
+	return l.Addr().String(), nil
 }

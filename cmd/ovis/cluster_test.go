@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,8 +26,9 @@ type clusterNode struct {
 	dir    string
 	addr   string // node-to-node and admin
 	etcd   string // the embedded etcd's URL, for the first node
-	nbd    string
-	stderr *syncBuffer
+	nbd     string
+	metrics string
+	stderr  *syncBuffer
 	exited chan struct{}
 	err    error
 }
@@ -34,13 +37,14 @@ var (
 	servingRE = regexp.MustCompile(`serving on (\S+)`)
 	joinRE    = regexp.MustCompile(`--etcd (\S+)`)
 	nbdRE     = regexp.MustCompile(`nbd://(\S+)/NAME`)
+	metricsRE = regexp.MustCompile(`metrics at http://(\S+)/metrics`)
 )
 
 // startClusterNode starts `ovis node` with its data in dir and waits until
 // it prints where it serves. etcd is the cluster's etcd; empty embeds one.
 func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterNode {
 	t.Helper()
-	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--lease", "3s", "--log-level", "info"}
+	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--lease", "3s", "--log-level", "info"}
 	if etcd == "" {
 		args = append(args, "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
 	} else {
@@ -81,6 +85,9 @@ func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterN
 			}
 			if m := joinRE.FindStringSubmatch(l); m != nil {
 				n.etcd = m[1]
+			}
+			if m := metricsRE.FindStringSubmatch(l); m != nil {
+				n.metrics = m[1]
 			}
 			if m := nbdRE.FindStringSubmatch(l); m != nil {
 				n.nbd = m[1]
@@ -127,13 +134,18 @@ func (n *clusterNode) mustAdmin(t *testing.T, args ...string) result {
 	return r
 }
 
-func startCluster(t *testing.T, count int) []*clusterNode {
+// startCluster starts count nodes: with an external etcd at etcd, or with
+// the first node embedding one.
+func startCluster(t *testing.T, count int, etcd string) []*clusterNode {
 	t.Helper()
 	base := t.TempDir()
-	first := startClusterNode(t, filepath.Join(base, "n1"), "")
+	first := startClusterNode(t, filepath.Join(base, "n1"), etcd)
+	if etcd == "" {
+		etcd = first.etcd
+	}
 	nodes := []*clusterNode{first}
 	for i := 2; i <= count; i++ {
-		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), first.etcd))
+		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), etcd))
 	}
 	// Every node is in the epoch.
 	waitUntil(t, 20*time.Second, func() (bool, string) {
@@ -180,7 +192,7 @@ func runQemuIO(t *testing.T, dir string, args ...string) result {
 // one node and checks it through another against the same writes made to
 // a raw file.
 func TestClusterEndToEnd(t *testing.T) {
-	nodes := startCluster(t, 3)
+	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
 
@@ -368,4 +380,96 @@ func damageOneObject(t *testing.T, dir string) string {
 		t.Fatalf("object file %s is not under a VDI's folder", victim)
 	}
 	return parts[len(parts)-2] + parts[len(parts)-1]
+}
+
+// nodeMetric sums a metric's samples (every label set) over nodes.
+func nodeMetric(t *testing.T, nodes []*clusterNode, name string) float64 {
+	t.Helper()
+	var sum float64
+	for _, n := range nodes {
+		resp, err := http.Get("http://" + n.metrics + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) != 2 || !(f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+				continue
+			}
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", l, err)
+			}
+			sum += v
+		}
+	}
+	return sum
+}
+
+// TestClusterExternalEtcd runs three nodes against a three-member etcd
+// cluster of Debian's etcd-server. fio writes and verifies through four
+// connections; FUA writes reach each replica as one sync request and no
+// flush, and plain writes plus a flush as plain requests and one flush per
+// replica.
+func TestClusterExternalEtcd(t *testing.T) {
+	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 3))
+	nodes := startCluster(t, 3, etcd)
+	n1, n2 := nodes[0], nodes[1]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "32M")
+	if r := n2.mustAdmin(t, "cluster", "info"); !strings.Contains(r.stdout, etcd) {
+		t.Errorf("cluster info does not name the external etcd %s:\n%s", etcd, r.stdout)
+	}
+
+	// fio: 4 connections, iodepth 8, each job its own 8 MiB, crc32c
+	// verified after writing.
+	url := "nbd://" + n1.nbd + "/disk0"
+	o, e, c := testutil.RunIn(t, dir, "fio", "--name=verify", "--ioengine=nbd", "--uri="+url, "--rw=randwrite", "--bs=4k",
+		"--iodepth=8", "--numjobs=4", "--size=8M", "--offset_increment=8M", "--verify=crc32c", "--do_verify=1", "--group_reporting")
+	if c != 0 || strings.Contains(o, "verify: bad") {
+		t.Fatalf("fio: exit %d\n%s%s\nnode stderr:\n%s", c, o, e, n1.stderr)
+	}
+	// The same bytes through another node.
+	out1, out2 := filepath.Join(dir, "via1.raw"), filepath.Join(dir, "via2.raw")
+	for _, cp := range [][2]string{{url, out1}, {"nbd://" + n2.nbd + "/disk0", out2}} {
+		if o, e, c := testutil.RunIn(t, dir, "nbdcopy", cp[0], cp[1]); c != 0 {
+			t.Fatalf("nbdcopy %s: %s%s", cp[0], o, e)
+		}
+	}
+	if r := qemuImg(t, dir, "compare", "-f", "raw", "-F", "raw", out1, out2); r.code != 0 {
+		t.Fatalf("the VDI through node 1 and node 2 differ: %s%s", r.stdout, r.stderr)
+	}
+	n1.mustAdmin(t, "cluster", "check")
+
+	// qemu-io's default cache mode is writethrough: every write is FUA.
+	sync0, flush0, writes0 := nodeMetric(t, nodes, "ovis_node_sync_writes_total"), nodeMetric(t, nodes, "ovis_node_flushes_total"), nodeMetric(t, nodes, `ovis_node_requests_total{op="write",status="ok"}`)
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 1 0 4k", "-c", "write -P 2 1M 4k", "-c", "write -P 3 9M 4k"); r.code != 0 {
+		t.Fatal(r.stdout, r.stderr)
+	}
+	if got := nodeMetric(t, nodes, "ovis_node_sync_writes_total") - sync0; got != 9 {
+		t.Errorf("3 FUA writes, copies 3: %v sync writes at the nodes, want 9", got)
+	}
+	if got := nodeMetric(t, nodes, `ovis_node_requests_total{op="write",status="ok"}`) - writes0; got != 9 {
+		t.Errorf("3 FUA writes, copies 3: %v writes at the nodes, want 9", got)
+	}
+	if got := nodeMetric(t, nodes, "ovis_node_flushes_total") - flush0; got != 0 {
+		t.Errorf("3 FUA writes: %v flushes at the nodes, want 0", got)
+	}
+	// With a write cache: plain writes, then one flush per replica node.
+	sync0, flush0 = nodeMetric(t, nodes, "ovis_node_sync_writes_total"), nodeMetric(t, nodes, "ovis_node_flushes_total")
+	if r := runQemuIO(t, dir, "-t", "writeback", "-f", "raw", url, "-c", "write -P 4 0 4k", "-c", "flush"); r.code != 0 {
+		t.Fatal(r.stdout, r.stderr)
+	}
+	if got := nodeMetric(t, nodes, "ovis_node_sync_writes_total") - sync0; got != 0 {
+		t.Errorf("a write with the cache on: %v sync writes, want 0", got)
+	}
+	if got := nodeMetric(t, nodes, "ovis_node_flushes_total") - flush0; got != 3 {
+		t.Errorf("one write and a flush, copies 3: %v flushes at the nodes, want 3", got)
+	}
 }

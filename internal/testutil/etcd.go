@@ -1,0 +1,145 @@
+package testutil
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EtcdMember is one member of an etcd cluster run from Debian's
+// etcd-server package.
+type EtcdMember struct {
+	Name      string
+	ClientURL string
+	PeerURL   string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	log       *lockedWriter
+}
+
+// Log is what the member printed.
+func (m *EtcdMember) Log() string {
+	m.log.mu.Lock()
+	defer m.log.mu.Unlock()
+	return m.log.b.String()
+}
+
+// Stop kills the member and waits for it.
+func (m *EtcdMember) Stop() {
+	select {
+	case <-m.exited:
+		return
+	default:
+	}
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.exited
+}
+
+// freePorts returns n TCP ports on 127.0.0.1 that were free a moment ago.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// StartEtcd runs an etcd cluster of n members on loopback with the etcd
+// binary from Debian's etcd-server package (3.4), each with its data in
+// a folder of the test's, and waits until it is healthy. The members are
+// killed when the test ends. It returns the members; their ClientURLs
+// joined with commas is what ovis's --etcd takes.
+func StartEtcd(t testing.TB, n int) []*EtcdMember {
+	t.Helper()
+	bin := tool(t, "etcd")
+	dir := t.TempDir()
+	ports := freePorts(t, 2*n)
+	var members []*EtcdMember
+	var initial []string
+	for i := range n {
+		m := &EtcdMember{
+			Name:      fmt.Sprintf("e%d", i),
+			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
+			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+			exited:    make(chan struct{}),
+			log:       &lockedWriter{b: &strings.Builder{}},
+		}
+		members = append(members, m)
+		initial = append(initial, m.Name+"="+m.PeerURL)
+	}
+	for _, m := range members {
+		m.cmd = exec.Command(bin,
+			"--name", m.Name,
+			"--data-dir", filepath.Join(dir, m.Name),
+			"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
+			"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
+			"--initial-cluster", strings.Join(initial, ","),
+			"--initial-cluster-state", "new", "--initial-cluster-token", "ovis-test",
+			"--heartbeat-interval", "50", "--election-timeout", "500",
+			"--auto-compaction-retention", "1")
+		m.cmd.Stdout = m.log
+		m.cmd.Stderr = m.cmd.Stdout
+		if err := m.cmd.Start(); err != nil {
+			t.Fatalf("testutil: starting etcd: %v", err)
+		}
+		go func() { m.cmd.Wait(); close(m.exited) }()
+		t.Cleanup(m.Stop)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, m := range members {
+		for {
+			resp, err := http.Get(m.ClientURL + "/health")
+			if err == nil {
+				ok := resp.StatusCode == 200
+				resp.Body.Close()
+				if ok {
+					break
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("testutil: etcd member %s not healthy in 30 s: %v\n%s", m.Name, err, m.Log())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return members
+}
+
+// EtcdEndpoints joins the members' client URLs with commas.
+func EtcdEndpoints(ms []*EtcdMember) string {
+	var urls []string
+	for _, m := range ms {
+		urls = append(urls, m.ClientURL)
+	}
+	return strings.Join(urls, ",")
+}
+
+// lockedWriter is a strings.Builder safe for a process's output copier
+// and the test that reads it.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
