@@ -84,14 +84,14 @@ func (c *counting) reset()             { c.mu.Lock(); c.calls = map[string]int{}
 // testNode is one storage node on loopback: a store and a protocol
 // server.
 type testNode struct {
-	id    string
-	addr  string
-	dir   string
-	st    *store.Store
-	ep    *epoch
-	srv   *protocol.Server
-	lis   net.Listener
-	done  chan error
+	id   string
+	addr string
+	dir  string
+	st   *store.Store
+	ep   *epoch
+	srv  *protocol.Server
+	lis  net.Listener
+	done chan error
 }
 
 func startNode(t *testing.T, id string, ep uint64, dir string) *testNode {

@@ -88,12 +88,12 @@ type NodeStatus struct {
 
 // Info is what `ovis cluster info` shows.
 type Info struct {
-	Node      string             `json:"node"`
-	Etcd      []string           `json:"etcd"`
-	Format    *membership.Format `json:"format,omitempty"`
-	Epoch     uint64             `json:"epoch"`
-	Nodes     []membership.NodeInfo `json:"nodes"`
-	History   []membership.View  `json:"history"`
+	Node    string                `json:"node"`
+	Etcd    []string              `json:"etcd"`
+	Format  *membership.Format    `json:"format,omitempty"`
+	Epoch   uint64                `json:"epoch"`
+	Nodes   []membership.NodeInfo `json:"nodes"`
+	History []membership.View     `json:"history"`
 }
 
 // CheckReport is what `ovis cluster check` finds.

@@ -22,15 +22,15 @@ import (
 
 // clusterNode is one `ovis node` process.
 type clusterNode struct {
-	cmd    *exec.Cmd
-	dir    string
-	addr   string // node-to-node and admin
-	etcd   string // the embedded etcd's URL, for the first node
+	cmd     *exec.Cmd
+	dir     string
+	addr    string // node-to-node and admin
+	etcd    string // the embedded etcd's URL, for the first node
 	nbd     string
 	metrics string
 	stderr  *syncBuffer
-	exited chan struct{}
-	err    error
+	exited  chan struct{}
+	err     error
 }
 
 var (
@@ -242,7 +242,7 @@ func TestClusterEndToEnd(t *testing.T) {
 	}
 	script := []string{
 		"write -P 0xaa 0 1M",
-		"write -P 0x55 3M 2M",   // across an object boundary (4 MiB objects)
+		"write -P 0x55 3M 2M",     // across an object boundary (4 MiB objects)
 		"write -P 0x11 5000 3000", // unaligned
 		"write -z 1M 512k",
 		"write -P 0x77 63M 1M", // the last object
