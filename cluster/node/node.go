@@ -36,6 +36,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,12 @@ type Config struct {
 	Zone, Weight         uint32
 	// NBD is the address the gateway serves VDIs on; empty serves none.
 	NBD string
+	// NBDListener, when set, is used instead of listening on NBD (so a
+	// caller can bind first and change nothing when the port is taken).
+	NBDListener net.Listener
+	// DefaultVDI is served to an NBD client asking for the empty export
+	// name; empty refuses such clients.
+	DefaultVDI string
 	// Cache is the gateway's cache mode (ovis nbd's --cache).
 	Cache block.CacheMode
 	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
@@ -79,8 +86,9 @@ type Config struct {
 
 // Node is a running storage node.
 type Node struct {
-	cfg   Config
-	log   *slog.Logger
+	cfg     Config
+	log     *slog.Logger
+	dirLock *os.File // flock on Dir/LOCK while the node runs
 	id    string
 	st    *store.Store
 	embed *membership.Embedded
@@ -130,6 +138,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	if n.dirLock, err = lockDir(cfg.Dir); err != nil {
+		return nil, err
+	}
 	if n.id, err = nodeID(cfg.Dir, cfg.ID); err != nil {
 		return nil, err
 	}
@@ -174,12 +185,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
-	if cfg.NBD != "" {
-		if n.nlis, err = net.Listen("tcp", cfg.NBD); err != nil {
-			return nil, fmt.Errorf("node: %w", err)
+	if cfg.NBD != "" || cfg.NBDListener != nil {
+		n.nlis = cfg.NBDListener
+		if n.nlis == nil {
+			if n.nlis, err = net.Listen("tcp", cfg.NBD); err != nil {
+				return nil, fmt.Errorf("node: %w", err)
+			}
 		}
 		warnOpen(n.log, n.nlis.Addr(), "NBD")
-		if n.nsrv, err = nbd.New(nbd.Config{Exports: n.vdis, Logger: n.log}); err != nil {
+		if n.nsrv, err = nbd.New(nbd.Config{Exports: n.vdis, ExactNames: true, Logger: n.log}); err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}
 		n.goServe("NBD", func() error { return n.nsrv.Serve(context.Background(), n.nlis) })
@@ -349,5 +363,29 @@ func (n *Node) teardown(ctx context.Context) error {
 	if n.st != nil {
 		errs = append(errs, n.st.Close())
 	}
+	if n.dirLock != nil {
+		n.dirLock.Close()
+	}
 	return errors.Join(errs...)
+}
+
+// ErrDirInUse is returned by Start when another process runs a node on
+// the same data directory.
+var ErrDirInUse = errors.New("in use by another ovis node")
+
+// lockDir takes an exclusive flock on dir/LOCK, so that two nodes never
+// share a store (or an embedded etcd's data).
+func lockDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("node: %s: %w", dir, ErrDirInUse)
+		}
+		return nil, fmt.Errorf("node: locking %s: %w", dir, err)
+	}
+	return f, nil
 }

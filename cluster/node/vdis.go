@@ -105,7 +105,9 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 // Lookup is nbd.Exports': the VDI called name.
 func (r *vdis) Lookup(ctx context.Context, name string) (*nbd.Export, error) {
 	if name == "" {
-		return nil, fmt.Errorf("%w: a VDI's name is needed", nbd.ErrUnknownExport)
+		if name = r.n.cfg.DefaultVDI; name == "" {
+			return nil, fmt.Errorf("%w: a VDI's name is needed", nbd.ErrUnknownExport)
+		}
 	}
 	o, err := r.get(ctx, name)
 	if err != nil {

@@ -36,7 +36,7 @@ type upRun struct {
 func startUp(t *testing.T, dir string, args ...string) *upRun {
 	t.Helper()
 	u := &upRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	u.cmd = exec.Command(ovisBin, append([]string{"up"}, args...)...)
+	u.cmd = exec.Command(ovisBin, append([]string{"up", "--image"}, args...)...)
 	u.cmd.Dir = dir
 	out, err := u.cmd.StdoutPipe()
 	if err != nil {
@@ -207,7 +207,7 @@ func TestReproUpBusyPortChangesNothing(t *testing.T) {
 			[]string{"--listen", free, "--metrics", addr}},
 	} {
 		dir := t.TempDir()
-		r := ovis(t, dir, append([]string{"up"}, c.args...)...)
+		r := ovis(t, dir, append([]string{"up", "--image"}, c.args...)...)
 		if r.code != 1 || r.stderr != c.want {
 			t.Errorf("%s: ovis up exited %d with\n%s\nwant 1 with\n%s", c.name, r.code, r.stderr, c.want)
 		}
@@ -219,7 +219,7 @@ func TestReproUpBusyPortChangesNothing(t *testing.T) {
 	// The disk of a running ovis up.
 	dir := t.TempDir()
 	first := startUp(t, dir, "--listen", "127.0.0.1:0")
-	r := ovis(t, dir, "up", "--listen", "127.0.0.1:0")
+	r := ovis(t, dir, "up", "--image", "--listen", "127.0.0.1:0")
 	want := "ovis: up: " + filepath.Join("ovis-data", "disk0.qcow2") +
 		" is in use by another process (another ovis up in this folder?); stop it or pass --dir DIR\n"
 	if r.code != 1 || r.stderr != want {
@@ -466,7 +466,7 @@ func TestReproReadmeUp(t *testing.T) {
 		t.Fatalf("%s: %v\n%s", build, err, out)
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "up", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(bin, "up", "--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0", "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
 	cmd.Dir = dir
 	out := &syncBuffer{}
 	cmd.Stdout = out
@@ -478,8 +478,8 @@ func TestReproReadmeUp(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("built ovis up: %v\n%s", err, out)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "ovis-data", "disk0.qcow2")); err != nil {
-		t.Errorf("built ovis up made no disk in its folder: %v", err)
+	if _, err := os.Stat(filepath.Join(dir, "ovis-data", "node1", "node-id")); err != nil {
+		t.Errorf("built ovis up made no node in its folder: %v", err)
 	}
 	// What the README shows is what ovis up prints, at the default port.
 	for _, l := range strings.Split(portRE.ReplaceAllString(out.String(), "127.0.0.1:10809"), "\n") {
