@@ -7,7 +7,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/qcow2"
@@ -236,45 +235,16 @@ func (io *ImageOpts) Apply(o qcow2.Options) qcow2.Options {
 	return o
 }
 
-// imageOptsTable holds the --image-opts of the images a verb was given,
-// by file name, for the opens that follow (process-wide, as the verb's
-// other flags are).
-var imageOptsTable struct {
-	mu sync.Mutex
-	m  map[string]*ImageOpts
-}
-
 // UseImageOpts parses the --image-opts list spec and returns the file and
 // format it names; the verb then opens that file with its options and
 // names it by spec in open errors.
-func UseImageOpts(spec string) (filename, format string, err error) {
+func (e *Env) UseImageOpts(spec string) (filename, format string, err error) {
 	io, err := ParseImageOpts(spec)
 	if err != nil {
 		return "", "", fmt.Errorf("Could not open '%s': %w", spec, err)
 	}
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	if imageOptsTable.m == nil {
-		imageOptsTable.m = map[string]*ImageOpts{}
-	}
-	imageOptsTable.m[io.Filename] = io
+	e.setImageOpts(io)
 	return io.Filename, io.Driver, nil
-}
-
-// imageOptsFor returns the --image-opts given for filename, or nil.
-func imageOptsFor(filename string) *ImageOpts {
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	return imageOptsTable.m[filename]
-}
-
-// displayName is how QEMU names an image in errors: by its option list
-// when it was given as one.
-func displayName(filename string) string {
-	if io := imageOptsFor(filename); io != nil {
-		return io.Spec
-	}
-	return filename
 }
 
 // SnapshotParam is qemu-nbd's -l argument: "snapshot.id=ID,snapshot.name=
@@ -320,11 +290,11 @@ func parseSnapshotParam(s, quote string) (SnapshotParam, error) {
 // list. It returns the file to open, sets *format to the tree's driver
 // unless a format was given (-f wins, as in qemu-img), and names the image
 // by the original string in errors. Other names are returned as they are.
-func ResolveFilename(name string, format *string) (string, error) {
+func (e *Env) ResolveFilename(name string, format *string) (string, error) {
 	switch {
 	case strings.HasPrefix(name, "file:"):
 		io := &ImageOpts{Spec: name, Filename: strings.TrimPrefix(name, "file:"), CacheCleanInterval: -1}
-		registerImageOpts(io)
+		e.setImageOpts(io)
 		return io.Filename, nil
 	case strings.HasPrefix(name, "json:"):
 		flat, topFile, err := flattenJSONFilename(strings.TrimPrefix(name, "json:"))
@@ -342,22 +312,13 @@ func ResolveFilename(name string, format *string) (string, error) {
 		}
 		io.Spec = name
 		io.FileProtocol = topFile
-		registerImageOpts(io)
+		e.setImageOpts(io)
 		if format != nil && *format == "" {
 			*format = io.Driver
 		}
 		return io.Filename, nil
 	}
 	return name, nil
-}
-
-func registerImageOpts(io *ImageOpts) {
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	if imageOptsTable.m == nil {
-		imageOptsTable.m = map[string]*ImageOpts{}
-	}
-	imageOptsTable.m[io.Filename] = io
 }
 
 // flattenJSONFilename turns a json: filename's object into an option
