@@ -134,85 +134,21 @@ func (e *Env) ResolveFilename(name string, format *string) (string, error) {
 }
 
 // flattenJSONFilename turns a json: filename's object into an option
-// list, as QEMU flattens it (nested objects become dotted names, list
-// items numbered ones), keeping the order of the keys. A top-level file
-// driver is ovis's raw driver over the file (topFile).
+// list (image.FlattenJSON), with QEMU's messages.
 func flattenJSONFilename(s string) (flat string, topFile bool, err error) {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return "", false, jsonParseError(s, dec.InputOffset(), err)
+	flat, topFile, err = image.FlattenJSON(s)
+	var je *image.JSONError
+	switch {
+	case err == nil:
+		return flat, topFile, nil
+	case errors.Is(err, image.ErrJSONNotObject):
+		return "", false, wrapMsg(err, "Invalid JSON object given")
+	case errors.Is(err, image.ErrJSONTrailing):
+		return "", false, wrapMsg(err, "Could not parse the JSON options: Expecting at most one JSON value")
+	case errors.As(err, &je):
+		return "", false, jsonParseError(je.Input, je.Offset, je.Err)
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return "", false, errors.New("Invalid JSON object given")
-	}
-	var parts []string
-	if err := flattenJSON(dec, "", '}', &parts); err != nil {
-		return "", false, jsonParseError(s, dec.InputOffset(), err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", false, errors.New("Could not parse the JSON options: Expecting at most one JSON value")
-	}
-	// The file protocol alone: ovis reads it as a raw image.
-	for i, p := range parts {
-		if p == "driver=file" {
-			topFile = true
-			parts[i] = "driver=raw"
-			for j, q := range parts {
-				if j != i && !strings.HasPrefix(q, "file.") && !strings.HasPrefix(q, "driver=") {
-					parts[j] = "file." + q
-				}
-			}
-			break
-		}
-	}
-	return strings.Join(parts, ","), topFile, nil
-}
-
-// flattenJSON appends the members of the object (end '}') or the items of
-// the list (end ']') dec is inside of to parts, named after prefix.
-func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]string) error {
-	for i := 0; dec.More(); i++ {
-		name := fmt.Sprintf("%s%d", prefix, i)
-		if end == '}' {
-			k, err := dec.Token()
-			if err != nil {
-				return err
-			}
-			name = prefix + k.(string)
-		}
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		var v string
-		switch t := tok.(type) {
-		case json.Delim:
-			close := json.Delim('}')
-			if t == '[' {
-				close = ']'
-			}
-			if err := flattenJSON(dec, name+".", close, parts); err != nil {
-				return err
-			}
-			continue
-		case string:
-			v = t
-		case json.Number:
-			v = t.String()
-		case bool:
-			v = "off"
-			if t {
-				v = "on"
-			}
-		case nil:
-			continue // QEMU drops null members
-		}
-		*parts = append(*parts, name+"="+strings.ReplaceAll(v, ",", ",,"))
-	}
-	_, err := dec.Token() // the closing delimiter
-	return err
+	return "", false, err
 }
 
 // jsonParseError words a JSON syntax error of s as QEMU's parser does
