@@ -27,6 +27,6 @@
 //
 // Not supported: formats other than qcow2 and raw, encryption, bitmaps
 // (they are counted by measure and listed by info, not written), --object,
-// the --image-opts options that imageopts.go does not list, and QEMU's
+// the --image-opts options that image.ParseOpts does not take, and QEMU's
 // protocol options (nocow, extent_size_hint).
 package img

@@ -62,8 +62,8 @@ func qemuOptError(err error) error {
 }
 
 // UseImageOpts parses the --image-opts list spec and returns the file and
-// format it names; the verb then opens that file with its options and
-// names it by spec in open errors.
+// format it names, and records the list in e: the verb then opens that
+// file with its options and names it by spec in open errors.
 func (e *Env) UseImageOpts(spec string) (filename, format string, err error) {
 	io, err := ParseImageOpts(spec)
 	if err != nil {
@@ -100,8 +100,10 @@ func parseSnapshotParam(s, quote string) (SnapshotParam, error) {
 // before a path names that path, and "json:{...}" is an option tree (the
 // drivers ovis has: qcow2, raw, file) as --image-opts gives one in a
 // list. It returns the file to open, sets *format to the tree's driver
-// unless a format was given (-f wins, as in qemu-img), and names the image
-// by the original string in errors. Other names are returned as they are.
+// unless a format was given (-f wins, as in qemu-img), and records the
+// name in e, so that the verb's opens take its options and its errors
+// name the image by the original string. Other names are returned as they
+// are.
 func (e *Env) ResolveFilename(name string, format *string) (string, error) {
 	switch {
 	case strings.HasPrefix(name, "file:"):
