@@ -3,6 +3,7 @@ package image_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -61,4 +62,25 @@ func Example() {
 	//     65536 bytes in layer 1
 	//    983040 bytes in layer 2
 	// formats: [qcow2 raw]
+}
+
+// ExampleParseOpts reads an --image-opts list and refuses one whose
+// option the format does not have, with the option and the cause in the
+// error for the caller to word.
+func ExampleParseOpts() {
+	l, err := image.ParseOpts("driver=qcow2,file.filename=disk,,1.qcow2,l2-cache-size=4M,read-only=on")
+	if err != nil {
+		log.Fatal(err)
+	}
+	o := l.Apply(image.Options{})
+	fmt.Printf("%s as %s: read-only %v, L2 cache %d bytes\n", l.Filename, l.Driver, o.ReadOnly, o.L2CacheSize)
+
+	_, err = image.ParseOpts("driver=raw,file.filename=disk.raw,l2-cache-size=4M")
+	var oe *image.OptError
+	if errors.As(err, &oe) && errors.Is(err, image.ErrOptUnsupported) {
+		fmt.Printf("%s has no option %s\n", oe.Driver, oe.Name)
+	}
+	// Output:
+	// disk,1.qcow2 as qcow2: read-only true, L2 cache 4194304 bytes
+	// raw has no option l2-cache-size
 }

@@ -19,12 +19,22 @@ func newImgCmd() *cobra.Command {
 			"Formats are not probed: the image's format must be given (-f), and a backing\n" +
 			"file must have its format recorded in the image.",
 	}
-	var untrusted bool
-	cmd.PersistentFlags().BoolVar(&untrusted, "untrusted", false, "refuse format probing (-f required), and backing and data files outside the image's folder or not regular files")
-	cmd.PersistentPreRun = func(*cobra.Command, []string) {
-		imgVerb.Store(true)
-		img.SetUntrusted(untrusted)
-	}
+	cmd.PersistentFlags().Bool("untrusted", false, "refuse format probing (-f required), and backing and data files outside the image's folder or not regular files")
+	cmd.PersistentPreRun = func(*cobra.Command, []string) { imgVerb.Store(true) }
 	cmd.AddCommand(newImgCreateCmd(), newImgInfoCmd(), newImgConvertCmd(), newImgCheckCmd(), newImgMapCmd(), newImgCompareCmd(), newImgSnapshotCmd(), newImgResizeCmd(), newImgRebaseCmd(), newImgCommitCmd(), newImgMeasureCmd(), newImgBenchCmd(), newImgAmendCmd(), newImgDDCmd(), newImgBitmapCmd())
 	return cmd
+}
+
+// newEnv is what the verb cmd runs on: the img command's --untrusted, the
+// verb's -U (forceShare), and the command's writers. Each invocation gets
+// its own.
+func newEnv(cmd *cobra.Command, forceShare bool) *img.Env {
+	// The img command's persistent flag, merged into the verb's flags.
+	untrusted, _ := cmd.Flags().GetBool("untrusted")
+	return &img.Env{
+		Stdout:     cmd.OutOrStdout(),
+		Stderr:     cmd.ErrOrStderr(),
+		Untrusted:  untrusted,
+		ForceShare: forceShare,
+	}
 }

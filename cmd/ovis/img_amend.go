@@ -23,15 +23,16 @@ func newImgAmendCmd() *cobra.Command {
 			"name=value (',,' is a literal comma); '-o help' lists the options.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			cfg.Filenames = args
 			if len(args) == 1 { // an option list, json: or file: name
-				file, err := imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format")
+				file, err := imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format")
 				if err != nil {
 					return err
 				}
 				cfg.Filenames = []string{file}
 			}
-			return img.Amend(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Amend(cmd.Context(), cfg)
 		},
 	}
 	cmd.SetFlagErrorFunc(getoptError)

@@ -22,15 +22,15 @@ func newImgBenchCmd() *cobra.Command {
 			"and refcount caches.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Bench(cmd.Context(), cfg, cmd.OutOrStdout())
+			return env.Bench(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -44,15 +44,16 @@ func newImgBitmapCmd() *cobra.Command {
 			"write made through ovis (or QEMU) from then on.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			cfg.Args = args
 			if len(args) == 2 { // an option list, json: or file: name
-				file, err := imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format")
+				file, err := imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format")
 				if err != nil {
 					return err
 				}
 				cfg.Args = []string{file, args[1]}
 			}
-			return img.Bitmap(cmd.Context(), cfg, cmd.ErrOrStderr())
+			return env.Bitmap(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -21,7 +21,7 @@ func newImgCheckCmd() *cobra.Command {
 			"-r all also repairs refcounts and COPIED flags.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if cfg.Repair != "" {
 				if err := img.ParseRepair(cfg.Repair); err != nil {
 					return err
@@ -31,10 +31,10 @@ func newImgCheckCmd() *cobra.Command {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Check(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Check(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

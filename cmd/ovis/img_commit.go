@@ -21,14 +21,15 @@ func newImgCommitCmd() *cobra.Command {
 			"image unless -d (or -b) is given.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Commit(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Commit(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

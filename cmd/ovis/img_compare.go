@@ -21,19 +21,19 @@ func newImgCompareCmd() *cobra.Command {
 			"must read as zeros; -s (strict) also fails on different sizes or allocation.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) != 2 {
 				return img.UsageError("Expecting two image file names")
 			}
 			var err error
 			// An image that cannot be opened exits 2 in compare.
-			if cfg.Filename1, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format1, "a-format", "b-format"); err != nil {
+			if cfg.Filename1, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format1, "a-format", "b-format"); err != nil {
 				return &img.ExitError{Code: 2, Err: err}
 			}
-			if cfg.Filename2, err = imageOptsArg(cmd, imageOpts, args[1], &cfg.Format2, "a-format", "b-format"); err != nil {
+			if cfg.Filename2, err = imageOptsArg(cmd, env, imageOpts, args[1], &cfg.Format2, "a-format", "b-format"); err != nil {
 				return &img.ExitError{Code: 2, Err: err}
 			}
-			return img.Compare(cmd.Context(), cfg, cmd.OutOrStdout())
+			return env.Compare(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -37,12 +37,12 @@ func newImgConvertCmd() *cobra.Command {
 			"Several sources are copied one after the other into one output.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) >= 1 {
 				cfg.Dest = args[len(args)-1]
 			}
 			for _, a := range args[:max(0, len(args)-1)] {
-				src, err := imageOptsArg(cmd, imageOpts, a, &cfg.SourceFormat, "format")
+				src, err := imageOptsArg(cmd, env, imageOpts, a, &cfg.SourceFormat, "format")
 				if err != nil {
 					return err
 				}
@@ -53,7 +53,7 @@ func newImgConvertCmd() *cobra.Command {
 				if !cmd.Flags().Changed("output-format") {
 					cfg.DestFormat = ""
 				}
-				dst, err := imageOptsArg(cmd, true, cfg.Dest, &cfg.DestFormat, "output-format")
+				dst, err := imageOptsArg(cmd, env, true, cfg.Dest, &cfg.DestFormat, "output-format")
 				if err != nil {
 					return err
 				}
@@ -61,9 +61,8 @@ func newImgConvertCmd() *cobra.Command {
 			}
 			cfg.BackingFileSet = cmd.Flags().Changed("backing")
 			cfg.BackingFormatSet = cmd.Flags().Changed("backing-format")
-			cfg.ProgressTo = cmd.ErrOrStderr()
 			cfg.ProgressTerminal = isTerminal(cmd.OutOrStdout())
-			return img.Convert(cmd.Context(), cfg, cmd.OutOrStdout())
+			return env.Convert(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

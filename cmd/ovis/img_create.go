@@ -16,6 +16,7 @@ func newImgCreateCmd() *cobra.Command {
 			"name=value (',,' is a literal comma); '-o help' lists the options.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			if len(args) > 0 {
 				cfg.Filename = args[0]
 			}
@@ -27,7 +28,7 @@ func newImgCreateCmd() *cobra.Command {
 			}
 			cfg.BackingFileSet = cmd.Flags().Changed("backing")
 			cfg.BackingFormatSet = cmd.Flags().Changed("backing-format")
-			return img.Create(cfg, cmd.OutOrStdout())
+			return env.Create(cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -22,20 +22,20 @@ func newImgDDCmd() *cobra.Command {
 			"byte is written: the output is fully allocated.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			cfg.Operands = args
 			// The input operand may be an option list (--image-opts), a
 			// json: or a file: name.
 			for i, a := range args {
 				if spec, ok := strings.CutPrefix(a, "if="); ok {
-					file, err := imageOptsArg(cmd, imageOpts, spec, &cfg.Format, "format")
+					file, err := imageOptsArg(cmd, env, imageOpts, spec, &cfg.Format, "format")
 					if err != nil {
 						return err
 					}
 					cfg.Operands = append(append(append([]string(nil), args[:i]...), "if="+file), args[i+1:]...)
 				}
 			}
-			warn, err := img.DD(cmd.Context(), cfg)
+			warn, err := env.DD(cmd.Context(), cfg)
 			if warn != nil {
 				report(cmd.ErrOrStderr(), warn)
 			}

@@ -19,15 +19,15 @@ func newImgInfoCmd() *cobra.Command {
 			"and format-specific fields, as text or as JSON with the same keys and order.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Info(cfg, cmd.OutOrStdout())
+			return env.Info(cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -19,15 +19,15 @@ func newImgMapCmd() *cobra.Command {
 			"chain and host offset that hold them, as qemu-img map does.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Map(cmd.Context(), cfg, cmd.OutOrStdout())
+			return env.Map(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

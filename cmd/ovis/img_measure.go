@@ -22,17 +22,17 @@ func newImgMeasureCmd() *cobra.Command {
 			"fully allocated (and, from a qcow2 image, the room its bitmaps take).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			if len(args) > 1 {
 				return errors.New("At most one filename argument is allowed.")
 			}
 			if len(args) == 1 {
 				var err error
-				if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+				if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 					return err
 				}
 			}
-			return img.Measure(cmd.Context(), cfg, cmd.OutOrStdout())
+			return env.Measure(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

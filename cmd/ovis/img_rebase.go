@@ -23,16 +23,17 @@ func newImgRebaseCmd() *cobra.Command {
 			"-u only rewrites the header.",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			cfg.ForceShare = forceShare
 			cfg.HasBacking = cmd.Flags().Changed("backing")
 			if len(args) != 1 {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Rebase(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Rebase(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

@@ -27,6 +27,7 @@ func newImgResizeCmd() *cobra.Command {
 		// that "-1G" is a size and not a flag.
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			env := newEnv(cmd, false)
 			if len(args) < 2 {
 				if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
 					return cmd.Help()
@@ -44,10 +45,10 @@ func newImgResizeCmd() *cobra.Command {
 				return img.UsageError("Expecting image file name and size")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, f.Arg(0), &cfg.Format, "format"); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, f.Arg(0), &cfg.Format, "format"); err != nil {
 				return err
 			}
-			return img.Resize(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Resize(cmd.Context(), cfg)
 		},
 	}
 	cmd.Flags().AddFlagSet(f)

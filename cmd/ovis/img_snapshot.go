@@ -22,7 +22,7 @@ func newImgSnapshotCmd() *cobra.Command {
 			"one (by ID or name), -d deletes one (by name).",
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			img.SetForceShare(forceShare)
+			env := newEnv(cmd, forceShare)
 			f := cmd.Flags()
 			n := 0
 			for _, a := range []struct {
@@ -45,10 +45,10 @@ func newImgSnapshotCmd() *cobra.Command {
 				return img.UsageError("Expecting one image file name")
 			}
 			var err error
-			if cfg.Filename, err = imageOptsArg(cmd, imageOpts, args[0], nil); err != nil {
+			if cfg.Filename, err = imageOptsArg(cmd, env, imageOpts, args[0], nil); err != nil {
 				return err
 			}
-			return img.Snapshot(cmd.Context(), cfg, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return env.Snapshot(cmd.Context(), cfg)
 		},
 	}
 	f := cmd.Flags()

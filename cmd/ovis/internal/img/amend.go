@@ -82,7 +82,8 @@ func qcow2AmendOpts() []optDesc {
 // Amend changes the options of an image as qemu-img amend does, with its
 // checks, messages and progress output, or prints the amendable options
 // for -o help. Only qcow2 images can be amended.
-func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error {
+func (e *Env) Amend(ctx context.Context, cfg AmendConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	if len(cfg.Options) == 0 {
 		return UsageError("Must specify options (-o)")
 	}
@@ -105,7 +106,7 @@ func Amend(ctx context.Context, cfg AmendConfig, stdout, stderr io.Writer) error
 		}
 	}
 	filename := cfg.Filenames[0]
-	dev, err := openWritable(ctx, filename, cfg.Format, qcow2.Options{}, stderr)
+	dev, err := e.openWritable(ctx, filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strconv"
 	"sync"
@@ -137,7 +136,8 @@ func parseBench(cfg BenchConfig) (*benchRun, error) {
 // the end of the image, as qemu-img bench does, and prints qemu-img's two
 // lines and then the qcow2 metadata cache counters (hits, misses,
 // evictions, writebacks of the L2 and refcount caches).
-func Bench(ctx context.Context, cfg BenchConfig, stdout io.Writer) error {
+func (e *Env) Bench(ctx context.Context, cfg BenchConfig) error {
+	stdout := e.stdout()
 	r, err := parseBench(cfg)
 	if err != nil {
 		return err
@@ -149,7 +149,7 @@ func Bench(ctx context.Context, cfg BenchConfig, stdout io.Writer) error {
 		return errors.New("Flush interval can't be smaller than depth")
 	}
 	o := qcow2.Options{ReadOnly: !r.write, OpenFile: block.OpenFileFor(r.cache)}
-	dev, err := openImage(cfg.Filename, cfg.Format, o)
+	dev, err := e.openImage(cfg.Filename, cfg.Format, o)
 	if err != nil {
 		return err
 	}

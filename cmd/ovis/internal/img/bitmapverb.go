@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 
 	"github.com/ovis-storage/ovis/block"
@@ -36,7 +35,8 @@ type BitmapConfig struct {
 // does: the actions run in order, each stored before the next, and the
 // first that fails stops the command with "Operation OP on bitmap NAME
 // failed: ...".
-func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
+func (e *Env) Bitmap(ctx context.Context, cfg BitmapConfig) error {
+	stderr := e.stderr()
 	var gran int64
 	if cfg.Granularity != "" {
 		var err error
@@ -65,14 +65,14 @@ func Bitmap(ctx context.Context, cfg BitmapConfig, stderr io.Writer) error {
 		return errors.New("Expecting filename and bitmap name")
 	}
 	filename, name := cfg.Args[0], cfg.Args[1]
-	dev, err := openWritable(ctx, filename, cfg.Format, qcow2.Options{NoBacking: true}, stderr)
+	dev, err := e.openWritable(ctx, filename, cfg.Format, qcow2.Options{NoBacking: true}, stderr)
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
 	var src block.Device = dev
 	if cfg.SourceFile != "" {
-		if src, err = openImage(cfg.SourceFile, cfg.SourceFormat, qcow2.Options{ReadOnly: true, NoBacking: true}); err != nil {
+		if src, err = e.openImage(cfg.SourceFile, cfg.SourceFormat, qcow2.Options{ReadOnly: true, NoBacking: true}); err != nil {
 			return err
 		}
 		defer src.Close()

@@ -53,7 +53,8 @@ func ParseRepair(s string) error {
 // failed. Once ctx is done the engine stops between repairs; Check then
 // prints the messages so far (qemu-img prints them as it goes) and
 // returns ctx's error.
-func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error {
+func (e *Env) Check(ctx context.Context, cfg CheckConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	json, err := outputFormat(cfg.Output)
 	if err != nil {
 		return err
@@ -72,7 +73,7 @@ func Check(ctx context.Context, cfg CheckConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true, OpenFile: openFile}, stderr)
+	dev, err := e.openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: mode == qcow2.RepairNone, ForCheck: true, OpenFile: openFile}, stderr)
 	if err != nil {
 		return err
 	}

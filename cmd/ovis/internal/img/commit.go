@@ -42,7 +42,8 @@ type CommitConfig struct {
 // zero writes, and a base smaller than the image grows to its size. Then
 // the image is emptied, unless Drop or Base is given, and "Image
 // committed." is printed.
-func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) error {
+func (e *Env) Commit(ctx context.Context, cfg CommitConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -58,13 +59,13 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 	}
 	// Read-write, as QEMU opens it: no other process may use the image
 	// while its data moves down the chain and it is emptied.
-	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
+	dev, err := e.openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{}, stderr)
 	if err != nil {
 		return err
 	}
 	prog := newQemuProgress(cfg.Progress, stdout, 1)
 	prog.print(0, 100)
-	err = commit(ctx, dev, cfg, prog, convert.NewRateLimiter(rate))
+	err = e.commit(ctx, dev, cfg, prog, convert.NewRateLimiter(rate))
 	if cerr := dev.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -79,7 +80,7 @@ func Commit(ctx context.Context, cfg CommitConfig, stdout, stderr io.Writer) err
 }
 
 // commit commits dev into its base and, unless cfg.Drop, empties dev.
-func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *convert.RateLimiter) error {
+func (e *Env) commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuProgress, rate *convert.RateLimiter) error {
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	base := 1
 	if cfg.Base != "" {
@@ -92,7 +93,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 	img, _ := block.As[*qcow2.Image](dev) // only qcow2 images have backing files
 	_, raw := block.As[*block.Raw](chain[base].dev)
 	growRaw := raw && chain[base].dev.Size() < img.Size()
-	target, err := reopenBase(chain[base], growRaw)
+	target, err := e.reopenBase(chain[base], growRaw)
 	if err != nil {
 		return err
 	}
@@ -105,7 +106,7 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 		}
 		// Open it again for its new size; the first holder keeps the
 		// locks meanwhile.
-		grown, err := reopenBase(chain[base], true)
+		grown, err := e.reopenBase(chain[base], true)
 		target.Close()
 		if err != nil {
 			return err
@@ -136,8 +137,8 @@ func commit(ctx context.Context, dev block.Device, cfg CommitConfig, prog *qemuP
 // chain's own locks, only against other processes. A lock conflict is
 // reported in QEMU's words alone; resize is for a raw base to grow, which
 // takes the resize permission as QEMU's commit job does.
-func reopenBase(l layer, resize bool) (block.Device, error) {
-	dev, err := image.Open(l.path, l.format, trust(l.path, qcow2.Options{Reopen: true, Resize: resize}))
+func (e *Env) reopenBase(l layer, resize bool) (block.Device, error) {
+	dev, err := image.Open(l.path, l.format, e.trust(l.path, qcow2.Options{Reopen: true, Resize: resize}))
 	if err != nil {
 		if le := (*block.LockError)(nil); errors.As(err, &le) {
 			return nil, le

@@ -102,7 +102,8 @@ func (s *compareSide) read(ctx context.Context, p []byte, off int64) error {
 // when its allocation cannot be read, 4 when its data cannot be read.
 // Without Strict, areas past the end of the smaller image must read as
 // zeros in the larger one.
-func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
+func (e *Env) Compare(ctx context.Context, cfg CompareConfig) error {
+	stdout := e.stdout()
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -119,7 +120,7 @@ func Compare(ctx context.Context, cfg CompareConfig, stdout io.Writer) error {
 	}
 	var sides [2]*compareSide
 	for i, nf := range [2][2]string{{cfg.Filename1, cfg.Format1}, {cfg.Filename2, cfg.Format2}} {
-		dev, err := openImage(nf[0], nf[1], qcow2.Options{ReadOnly: true, OpenFile: openFile})
+		dev, err := e.openImage(nf[0], nf[1], qcow2.Options{ReadOnly: true, OpenFile: openFile})
 		if err != nil {
 			return exitWith(compareOpenFailed, err)
 		}

@@ -42,12 +42,11 @@ type ConvertConfig struct {
 	Options []string
 	// Compress (-c) writes every cluster compressed; qcow2 only.
 	Compress bool
-	// Progress (-p) draws a progress bar on ProgressTo (nil: stderr),
-	// where the warnings of Salvage go too.
-	Progress   bool
-	ProgressTo io.Writer
+	// Progress (-p) draws a progress bar on the Env's Stderr, where the
+	// warnings of Salvage go too.
+	Progress bool
 	// ProgressTerminal says stdout is a terminal: -p then draws a bar on
-	// ProgressTo. Otherwise it prints qemu-img's "    (12.34/100%)\r"
+	// Stderr. Otherwise it prints qemu-img's "    (12.34/100%)\r"
 	// lines on stdout, which the programs that drive qemu-img parse.
 	ProgressTerminal bool
 	// Quiet (-q) draws no progress bar and prints no warnings.
@@ -113,7 +112,8 @@ const DefaultWorkers = convert.DefaultWorkers
 // qemu-img convert does. The output is sparse: ranges the source reports
 // as zero are not written to a fresh output, nor are all-zero runs of at
 // least SparseSize bytes inside data. stdout receives -o help.
-func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err error) {
+func (e *Env) Convert(ctx context.Context, cfg ConvertConfig) (err error) {
+	stdout := e.stdout()
 	minSparse, workers, err := convertLimits(cfg)
 	if err != nil {
 		return err
@@ -172,7 +172,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 			return fmt.Errorf("Invalid cache option: %s", cfg.Cache)
 		}
 	}
-	src, err := openSources(cfg, srcCache)
+	src, err := e.openSources(cfg, srcCache)
 	if err != nil {
 		return err
 	}
@@ -189,7 +189,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 			return err
 		}
 	} else if !cfg.TargetImageOpts {
-		if cfg.Dest, err = ResolveFilename(cfg.Dest, nil); err != nil {
+		if cfg.Dest, err = e.ResolveFilename(cfg.Dest, nil); err != nil {
 			return err
 		}
 	}
@@ -207,18 +207,14 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 			return err
 		}
 	}
-	dst, err := openTarget(cfg.Dest, outFmt, cfg.NoCreate, cache)
+	dst, err := e.openTarget(cfg.Dest, outFmt, cfg.NoCreate, cache)
 	if err != nil {
-		return writerOpenError(cfg.Dest, outFmt, err)
+		return e.writerOpenError(cfg.Dest, outFmt, err)
 	}
 	if cfg.NoCreate {
 		// An existing dirty target is repaired as it opens, aloud even
 		// under -q, as qemu-img.
-		w := cfg.ProgressTo
-		if w == nil {
-			w = os.Stderr
-		}
-		if err := repairDirty(ctx, dst, cfg.Dest, w); err != nil {
+		if err := repairDirty(ctx, dst, cfg.Dest, e.stderr()); err != nil {
 			dst.Close()
 			return err
 		}
@@ -249,7 +245,7 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		o.MinSparse = -1 // -S 0: no zero detection
 	}
 	if !cfg.Quiet {
-		w := cfg.warnTo()
+		w := e.warnTo(cfg)
 		o.Salvaged = func(err *convert.Error) {
 			what := "reading"
 			if err.Op == convert.OpBlockStatus {
@@ -267,12 +263,12 @@ func Convert(ctx context.Context, cfg ConvertConfig, stdout io.Writer) (err erro
 		o.BackingEnd = (img.Backing().Size() + 511) / 512 * 512
 		o.HasBackingEnd = true
 	}
-	err = runCopy(ctx, dst, src, o, cfg, qprog)
+	err = e.runCopy(ctx, dst, src, o, cfg, qprog)
 	if cerr := dst.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("%s: %w", cfg.Dest, cerr)
 	}
 	if err == nil && cfg.Bitmaps {
-		err = copyBitmaps(ctx, cfg, src, outFmt, cache)
+		err = e.copyBitmaps(ctx, cfg, src, outFmt, cache)
 	}
 	return err
 }
@@ -299,16 +295,16 @@ func checkBitmaps(cfg ConvertConfig, src block.Device) error {
 
 // copyBitmaps adds the source's consistent bitmaps to the finished output,
 // with their granularity, enabled state and bits.
-func copyBitmaps(ctx context.Context, cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
+func (e *Env) copyBitmaps(ctx context.Context, cfg ConvertConfig, src block.Device, outFmt string, cache block.CacheMode) error {
 	simg, _ := block.As[*qcow2.Image](src) // checkBitmaps made sure
-	dev, err := openTarget(cfg.Dest, outFmt, true, cache)
+	dev, err := e.openTarget(cfg.Dest, outFmt, true, cache)
 	if err != nil {
-		return openError(cfg.Dest, err)
+		return e.openError(cfg.Dest, err)
 	}
 	dst, _ := block.As[*qcow2.Image](dev)
 	for _, b := range simg.Bitmaps() {
 		if b.InUse {
-			fmt.Fprintf(cfg.warnTo(), "ovis: warning: Skipping inconsistent bitmap '%s'\n", b.Name)
+			fmt.Fprintf(e.warnTo(cfg), "ovis: warning: Skipping inconsistent bitmap '%s'\n", b.Name)
 			continue
 		}
 		if dst == nil {
@@ -336,14 +332,11 @@ func copyBitmaps(ctx context.Context, cfg ConvertConfig, src block.Device, outFm
 }
 
 // warnTo is where warnings go: nowhere under -q.
-func (cfg ConvertConfig) warnTo() io.Writer {
-	switch {
-	case cfg.Quiet:
+func (e *Env) warnTo(cfg ConvertConfig) io.Writer {
+	if cfg.Quiet {
 		return io.Discard
-	case cfg.ProgressTo != nil:
-		return cfg.ProgressTo
 	}
-	return os.Stderr
+	return e.stderr()
 }
 
 var errConcatBacking = errors.New("Having a backing file for the target makes no sense when concatenating multiple input images")
@@ -372,7 +365,7 @@ func convertConflicts(cfg ConvertConfig) error {
 
 // openSources opens the sources read-only, loads the snapshot -l names,
 // and joins several into one device.
-func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error) {
+func (e *Env) openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error) {
 	var snap SnapshotParam
 	if cfg.Snapshot != "" {
 		var err error
@@ -388,15 +381,15 @@ func openSources(cfg ConvertConfig, cache block.CacheMode) (block.Device, error)
 		return nil, err
 	}
 	for _, name := range cfg.Sources {
-		if err := requireFormat(name, cfg.SourceFormat); err != nil {
+		if err := e.requireFormat(name, cfg.SourceFormat); err != nil {
 			return fail(err)
 		}
 		// As qemu-img's BDRV_O_NO_SHARE: no other holder, in this
 		// process or another, may write the source chain meanwhile.
-		dev, err := image.Open(name, cfg.SourceFormat, trust(name, qcow2.Options{ReadOnly: true, NoShare: true, OpenFile: block.OpenFileFor(cache)}))
+		dev, err := image.Open(name, cfg.SourceFormat, e.trust(name, qcow2.Options{ReadOnly: true, NoShare: true, OpenFile: block.OpenFileFor(cache)}))
 		if err != nil {
 			// The layer that failed, as openImage names it.
-			return fail(wrapMsg(err, "Could not open '%s': %s", displayName(name), chainReason(name, cfg.SourceFormat, err, 0)))
+			return fail(wrapMsg(err, "Could not open '%s': %s", e.displayName(name), e.chainReason(name, cfg.SourceFormat, err, 0)))
 		}
 		parts = append(parts, dev)
 	}
@@ -491,17 +484,14 @@ func prepareTarget(cfg ConvertConfig, outFmt, options string, srcSize int64) (ha
 
 // runCopy checks the output against the copy's needs, with qemu-img's
 // messages, and runs it, with a progress bar or qemu-img's figures for -p.
-func runCopy(ctx context.Context, dst, src block.Device, o convert.Options, cfg ConvertConfig, qprog *qemuProgress) error {
+func (e *Env) runCopy(ctx context.Context, dst, src block.Device, o convert.Options, cfg ConvertConfig, qprog *qemuProgress) error {
 	if _, ok := block.As[*qcow2.Image](dst); cfg.Compress && !ok {
 		return errors.New("Compression not supported for this file format")
 	}
 	if dst.Size() < src.Size() {
 		return errors.New("output file is smaller than input file")
 	}
-	progressTo := cfg.ProgressTo
-	if progressTo == nil {
-		progressTo = os.Stderr
-	}
+	progressTo := e.stderr()
 	var bar *progressbar.ProgressBar
 	switch {
 	case qprog != nil:
@@ -565,7 +555,7 @@ func createTarget(path, format string, o *opts, size int64) error {
 
 // openTarget opens the output for writing in a cache mode, with its
 // backing file so that partial cluster writes can copy from it.
-func openTarget(path, format string, existing bool, cache block.CacheMode) (block.Device, error) {
+func (e *Env) openTarget(path, format string, existing bool, cache block.CacheMode) (block.Device, error) {
 	if existing {
 		if _, err := os.Stat(path); err != nil {
 			return nil, err
@@ -582,7 +572,7 @@ func openTarget(path, format string, existing bool, cache block.CacheMode) (bloc
 		}
 	}
 	// format is "" only under --target-image-opts without a driver.
-	dev, err := image.Open(path, format, trust(path, qcow2.Options{OpenFile: open}))
+	dev, err := image.Open(path, format, e.trust(path, qcow2.Options{OpenFile: open}))
 	if err != nil {
 		return nil, err
 	}

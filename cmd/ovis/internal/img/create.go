@@ -44,7 +44,8 @@ type CreateConfig struct {
 // qemu-img 7.2 prints for the same arguments), or the option help for
 // -o help. Errors carry qemu-img's messages; those about the new image are
 // prefixed with its name.
-func Create(cfg CreateConfig, stdout io.Writer) error {
+func (e *Env) Create(cfg CreateConfig) error {
+	stdout := e.stdout()
 	options, err := accumulateOptions(cfg.Options)
 	if err != nil {
 		return err

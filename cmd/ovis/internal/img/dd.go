@@ -75,12 +75,12 @@ func parseDD(operands []string) (*ddRequest, error) {
 // sparse). A skip past the input's end reports "cannot skip to specified
 // offset" and leaves an empty output, as dd(1) and qemu-img do, and
 // returns nil. It stops once ctx is done.
-func DD(ctx context.Context, cfg DDConfig) (warn error, err error) {
+func (e *Env) DD(ctx context.Context, cfg DDConfig) (warn error, err error) {
 	r, err := parseDD(cfg.Operands)
 	if err != nil {
 		return nil, err
 	}
-	src, err := openImage(r.in, cfg.Format, qcow2.Options{ReadOnly: true})
+	src, err := e.openImage(r.in, cfg.Format, qcow2.Options{ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
@@ -117,9 +117,9 @@ func DD(ctx context.Context, cfg DDConfig) (warn error, err error) {
 		return nil, fmt.Errorf("%s: error while creating output image: %w", r.out, err)
 	}
 	// -U is for the input alone, as in qemu-img dd.
-	t := trust(r.out, qcow2.Options{})
+	t := e.trust(r.out, qcow2.Options{})
 	t.ForceShare = false
-	dst, err := openTrusted(r.out, outFmt, qcow2.Options{}, t)
+	dst, err := e.openTrusted(r.out, outFmt, qcow2.Options{}, t)
 	if err != nil {
 		return nil, err
 	}

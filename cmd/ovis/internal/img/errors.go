@@ -51,8 +51,8 @@ func openReason(err error) string {
 
 // openError is qemu-img's message for an image it cannot open:
 // "Could not open 'x': Could not open 'x': No such file or directory".
-func openError(path string, err error) error {
-	return wrapMsg(err, "Could not open '%s': %s", displayName(path), openReason(err))
+func (e *Env) openError(path string, err error) error {
+	return wrapMsg(err, "Could not open '%s': %s", e.displayName(path), openReason(err))
 }
 
 // msgError carries QEMU's wording for a failure while keeping the cause

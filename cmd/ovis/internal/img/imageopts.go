@@ -5,286 +5,77 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
-	"sync"
 
-	"github.com/ovis-storage/ovis/block"
-	"github.com/ovis-storage/ovis/qcow2"
+	"github.com/ovis-storage/ovis/image"
 )
 
-// ImageOpts is an image named the way QEMU's --image-opts names one: an
-// option list ("driver=qcow2,file.filename=disk.qcow2,l2-cache-size=1M")
-// in place of a file name.
-type ImageOpts struct {
-	// Spec is the list as given; QEMU names the image by it in errors.
-	Spec string
-	// Driver is "qcow2", "raw" or "" (probe the file).
-	Driver string
-	// Filename is file.filename.
-	Filename string
-	// Cache is the cache mode that cache.direct and cache.no-flush give,
-	// when HasCache.
-	Cache    block.CacheMode
-	HasCache bool
-	// ReadOnly is read-only=on; ForceShare force-share=on; NoLock
-	// file.locking=off.
-	ReadOnly, ForceShare, NoLock bool
-	// The qcow2 cache options, 0 when not given.
-	L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize int64
-	// CacheCleanInterval is cache-clean-interval, -1 when not given.
-	CacheCleanInterval int
-	// FileProtocol is a json: name whose top driver is the file
-	// protocol, which ovis reads as a raw image and info names "file".
-	FileProtocol bool
-	// Discard and DetectZeroes are the discard and detect-zeroes options,
-	// "" when not given (an NBD export uses them; qemu-img ignores them).
-	Discard, DetectZeroes string
-}
+// ImageOpts is an image named by an option list (--image-opts); see
+// image.Opts.
+type ImageOpts = image.Opts
 
-// imageOptKind is how an --image-opts value is parsed.
-type imageOptKind int
-
-const (
-	kindString imageOptKind = iota
-	kindBool
-	kindSize
-	kindNumber
-	kindIgnored // accepted and without effect in ovis
-)
-
-// The options ovis takes: the generic block options, qcow2's runtime
-// options and the file protocol's ("file." prefixed). The other options
-// QEMU knows are refused as QEMU refuses unknown ones.
-var (
-	blockImageOpts = map[string]imageOptKind{
-		"driver": kindString, "read-only": kindBool, "force-share": kindBool,
-		"cache.direct": kindBool, "cache.no-flush": kindBool,
-		"discard": kindString, "detect-zeroes": kindString,
-		"node-name": kindIgnored, "auto-read-only": kindIgnored,
-	}
-	qcow2ImageOpts = map[string]imageOptKind{
-		"l2-cache-size": kindSize, "l2-cache-entry-size": kindSize,
-		"refcount-cache-size": kindSize, "cache-size": kindSize,
-		"cache-clean-interval": kindNumber,
-	}
-	fileImageOpts = map[string]imageOptKind{
-		"driver": kindString, "filename": kindString, "locking": kindString,
-		"aio": kindIgnored, "aio-max-batch": kindIgnored, "drop-cache": kindIgnored,
-	}
-)
-
-// ParseImageOpts parses an --image-opts list. Its errors are QEMU's
-// reasons; callers put "Could not open 'SPEC': " before them.
+// ParseImageOpts parses an --image-opts list (image.ParseOpts). Its errors
+// are QEMU's reasons; callers put "Could not open 'SPEC': " before them.
 func ParseImageOpts(spec string) (*ImageOpts, error) {
-	io := &ImageOpts{Spec: spec, CacheCleanInterval: -1}
-	vals := map[string]string{}
-	var order []string
-	for _, p := range splitOptions(spec) {
-		if p.name == "" {
-			continue
-		}
-		if _, dup := vals[p.name]; !dup {
-			order = append(order, p.name)
-		}
-		vals[p.name] = p.value // the last one wins, as in QemuOpts
+	o, err := image.ParseOpts(spec)
+	if err != nil {
+		return nil, qemuOptError(err)
 	}
-	io.Driver = vals["driver"]
-	switch io.Driver {
-	case "", "qcow2", "raw":
-	default:
-		return nil, fmt.Errorf("Unknown driver '%s'", io.Driver)
+	return o, nil
+}
+
+// qemuOptError words an *image.OptError of an --image-opts list as QEMU
+// words the same mistake; it unwraps to err.
+func qemuOptError(err error) error {
+	var oe *image.OptError
+	if !errors.As(err, &oe) {
+		return err
 	}
-	if d, ok := vals["file.driver"]; ok && d != "file" {
-		return nil, fmt.Errorf("Unknown driver '%s'", d)
-	}
-	if f, ok := vals["file"]; ok {
-		// A node name: ovis has no block graph to find it in.
-		return nil, fmt.Errorf("Cannot find device='%s' nor node-name='%s'", f, f)
-	}
-	var direct, noFlush bool
-	for _, name := range order {
-		v := vals[name]
-		kind, ok := imageOptKindOf(io.Driver, name)
-		if !ok {
-			if rest, file := strings.CutPrefix(name, "file."); file {
-				return nil, fmt.Errorf("Block protocol 'file' doesn't support the option '%s'", rest)
-			}
-			drv := io.Driver
-			if drv == "" {
-				drv = "qcow2"
-			}
-			return nil, fmt.Errorf("Block format '%s' does not support the option '%s'", drv, name)
-		}
-		var b bool
-		var n int64
-		switch kind {
-		case kindBool:
-			switch v {
-			case "on", "yes", "true", "y":
-				b = true
-			case "off", "no", "false", "n":
-			default:
-				return nil, fmt.Errorf("Parameter '%s' expects 'on' or 'off'", name)
-			}
-		case kindSize:
-			u, err := ParseSize(v)
-			if err != nil || u > 1<<62 {
-				return nil, fmt.Errorf("Parameter '%s' expects a non-negative number below 2^64\n"+
-					"Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"+
-					"and exabytes, respectively.", name)
-			}
-			n = int64(u)
-		case kindNumber:
-			u, err := strconv.ParseUint(v, 10, 31)
-			if err != nil {
-				return nil, fmt.Errorf("Parameter '%s' expects a number", name)
-			}
-			n = int64(u)
-		}
-		switch name {
-		case "read-only":
-			io.ReadOnly = b
-		case "force-share":
-			io.ForceShare = b
-		case "cache.direct":
-			direct, io.HasCache = b, true
-		case "cache.no-flush":
-			noFlush, io.HasCache = b, true
-		case "discard":
-			io.Discard = v
-		case "detect-zeroes":
-			io.DetectZeroes = v
-		case "l2-cache-size":
-			io.L2CacheSize = n
-		case "l2-cache-entry-size":
-			io.L2CacheEntrySize = n
-		case "refcount-cache-size":
-			io.RefcountCacheSize = n
-		case "cache-size":
-			io.CacheSize = n
-		case "cache-clean-interval":
-			io.CacheCleanInterval = int(n)
-		case "file.filename":
-			io.Filename = v
-		case "file.locking":
-			switch v {
-			case "on", "auto":
-			case "off":
-				io.NoLock = true
-			default:
-				return nil, fmt.Errorf("Parameter 'locking' does not accept value '%s'", v)
-			}
-		}
-	}
-	if io.Filename == "" {
-		if io.Driver == "" {
-			return nil, errors.New("Must specify either driver or file")
-		}
-		return nil, errors.New(`A block device must be specified for "file"`)
-	}
+	name := oe.Name
 	switch {
-	case direct && noFlush:
-		return nil, errors.New("cache.direct=on together with cache.no-flush=on is not supported by ovis")
-	case noFlush:
-		io.Cache = block.CacheUnsafe
-	case direct:
-		io.Cache = block.CacheNone
-	default:
-		io.Cache = block.CacheWriteback
+	case errors.Is(err, image.ErrUnknownDriver):
+		return wrapMsg(err, "Unknown driver '%s'", oe.Value)
+	case errors.Is(err, image.ErrNodeName):
+		return wrapMsg(err, "Cannot find device='%s' nor node-name='%s'", oe.Value, oe.Value)
+	case errors.Is(err, image.ErrOptUnsupported) && oe.Driver == "file":
+		return wrapMsg(err, "Block protocol 'file' doesn't support the option '%s'", strings.TrimPrefix(name, "file."))
+	case errors.Is(err, image.ErrOptUnsupported):
+		return wrapMsg(err, "Block format '%s' does not support the option '%s'", oe.Driver, name)
+	case errors.Is(err, image.ErrOptBool):
+		return wrapMsg(err, "Parameter '%s' expects 'on' or 'off'", name)
+	case errors.Is(err, image.ErrOptSize):
+		return wrapMsg(err, "Parameter '%s' expects a non-negative number below 2^64\n"+
+			"Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"+
+			"and exabytes, respectively.", name)
+	case errors.Is(err, image.ErrOptNumber):
+		return wrapMsg(err, "Parameter '%s' expects a number", name)
+	case errors.Is(err, image.ErrOptValue):
+		return wrapMsg(err, "Parameter '%s' does not accept value '%s'", strings.TrimPrefix(name, "file."), oe.Value)
+	case errors.Is(err, image.ErrNoFilename) && oe.Driver == "":
+		return wrapMsg(err, "Must specify either driver or file")
+	case errors.Is(err, image.ErrNoFilename):
+		return wrapMsg(err, `A block device must be specified for "file"`)
+	case errors.Is(err, image.ErrOptConflict):
+		return wrapMsg(err, "cache.direct=on together with cache.no-flush=on is not supported by ovis")
 	}
-	return io, nil
-}
-
-func imageOptKindOf(driver, name string) (imageOptKind, bool) {
-	if rest, ok := strings.CutPrefix(name, "file."); ok {
-		k, ok := fileImageOpts[rest]
-		return k, ok
-	}
-	if k, ok := blockImageOpts[name]; ok {
-		return k, true
-	}
-	if driver != "raw" {
-		k, ok := qcow2ImageOpts[name]
-		return k, ok
-	}
-	return 0, false
-}
-
-// Apply sets o's fields from the options.
-func (io *ImageOpts) Apply(o qcow2.Options) qcow2.Options {
-	o.ReadOnly = o.ReadOnly || io.ReadOnly
-	o.ForceShare = o.ForceShare || io.ForceShare
-	o.NoLock = o.NoLock || io.NoLock
-	for _, s := range []struct {
-		dst *int64
-		v   int64
-	}{
-		{&o.L2CacheSize, io.L2CacheSize}, {&o.L2CacheEntrySize, io.L2CacheEntrySize},
-		{&o.RefcountCacheSize, io.RefcountCacheSize}, {&o.CacheSize, io.CacheSize},
-	} {
-		if s.v != 0 {
-			*s.dst = s.v
-		}
-	}
-	if io.CacheCleanInterval >= 0 {
-		o.CacheCleanInterval = io.CacheCleanInterval
-	}
-	if io.HasCache {
-		o.OpenFile = block.OpenFileFor(io.Cache)
-	}
-	return o
-}
-
-// imageOptsTable holds the --image-opts of the images a verb was given,
-// by file name, for the opens that follow (process-wide, as the verb's
-// other flags are).
-var imageOptsTable struct {
-	mu sync.Mutex
-	m  map[string]*ImageOpts
+	return err
 }
 
 // UseImageOpts parses the --image-opts list spec and returns the file and
-// format it names; the verb then opens that file with its options and
-// names it by spec in open errors.
-func UseImageOpts(spec string) (filename, format string, err error) {
+// format it names, and records the list in e: the verb then opens that
+// file with its options and names it by spec in open errors.
+func (e *Env) UseImageOpts(spec string) (filename, format string, err error) {
 	io, err := ParseImageOpts(spec)
 	if err != nil {
 		return "", "", fmt.Errorf("Could not open '%s': %w", spec, err)
 	}
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	if imageOptsTable.m == nil {
-		imageOptsTable.m = map[string]*ImageOpts{}
-	}
-	imageOptsTable.m[io.Filename] = io
+	e.setImageOpts(io)
 	return io.Filename, io.Driver, nil
 }
 
-// imageOptsFor returns the --image-opts given for filename, or nil.
-func imageOptsFor(filename string) *ImageOpts {
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	return imageOptsTable.m[filename]
-}
-
-// displayName is how QEMU names an image in errors: by its option list
-// when it was given as one.
-func displayName(filename string) string {
-	if io := imageOptsFor(filename); io != nil {
-		return io.Spec
-	}
-	return filename
-}
-
-// SnapshotParam is qemu-nbd's -l argument: "snapshot.id=ID,snapshot.name=
-// NAME" (either may be left out), or one ID or name, which is looked up
-// as an ID first.
-type SnapshotParam struct {
-	ID, Name string
-	// IDOrName is set for the second form.
-	IDOrName string
-}
+// SnapshotParam is a -l argument (qemu-nbd's, qemu-img convert's and
+// measure's); see image.Snapshot.
+type SnapshotParam = image.Snapshot
 
 // ParseSnapshotParam parses a -l argument, failing with qemu-nbd's two
 // lines for an option it does not know.
@@ -292,39 +83,32 @@ func ParseSnapshotParam(s string) (SnapshotParam, error) {
 	return parseSnapshotParam(s, "`")
 }
 
-// parseSnapshotParam parses a snapshot parameter; quote opens the
-// parameter in the parse error (qemu-nbd's is a backquote, qemu-img's
-// an apostrophe).
+// parseSnapshotParam parses a snapshot parameter (image.ParseSnapshot);
+// quote opens the parameter in the parse error (qemu-nbd's is a
+// backquote, qemu-img's an apostrophe).
 func parseSnapshotParam(s, quote string) (SnapshotParam, error) {
-	if !strings.HasPrefix(s, "snapshot.") {
-		return SnapshotParam{IDOrName: s}, nil
+	p, err := image.ParseSnapshot(s)
+	var oe *image.OptError
+	if errors.As(err, &oe) {
+		return p, errors.Join(wrapMsg(err, "Invalid parameter '%s'", oe.Name),
+			fmt.Errorf("Failed in parsing snapshot param %s%s'", quote, s))
 	}
-	var p SnapshotParam
-	for _, o := range splitOptions(s) {
-		switch o.name {
-		case "snapshot.id":
-			p.ID = o.value
-		case "snapshot.name":
-			p.Name = o.value
-		default:
-			return p, errors.Join(fmt.Errorf("Invalid parameter '%s'", o.name),
-				fmt.Errorf("Failed in parsing snapshot param %s%s'", quote, s))
-		}
-	}
-	return p, nil
+	return p, err
 }
 
 // ResolveFilename takes an image name as QEMU's tools take one: "file:"
 // before a path names that path, and "json:{...}" is an option tree (the
 // drivers ovis has: qcow2, raw, file) as --image-opts gives one in a
 // list. It returns the file to open, sets *format to the tree's driver
-// unless a format was given (-f wins, as in qemu-img), and names the image
-// by the original string in errors. Other names are returned as they are.
-func ResolveFilename(name string, format *string) (string, error) {
+// unless a format was given (-f wins, as in qemu-img), and records the
+// name in e, so that the verb's opens take its options and its errors
+// name the image by the original string. Other names are returned as they
+// are.
+func (e *Env) ResolveFilename(name string, format *string) (string, error) {
 	switch {
 	case strings.HasPrefix(name, "file:"):
 		io := &ImageOpts{Spec: name, Filename: strings.TrimPrefix(name, "file:"), CacheCleanInterval: -1}
-		registerImageOpts(io)
+		e.setImageOpts(io)
 		return io.Filename, nil
 	case strings.HasPrefix(name, "json:"):
 		flat, topFile, err := flattenJSONFilename(strings.TrimPrefix(name, "json:"))
@@ -342,7 +126,7 @@ func ResolveFilename(name string, format *string) (string, error) {
 		}
 		io.Spec = name
 		io.FileProtocol = topFile
-		registerImageOpts(io)
+		e.setImageOpts(io)
 		if format != nil && *format == "" {
 			*format = io.Driver
 		}
@@ -351,95 +135,22 @@ func ResolveFilename(name string, format *string) (string, error) {
 	return name, nil
 }
 
-func registerImageOpts(io *ImageOpts) {
-	imageOptsTable.mu.Lock()
-	defer imageOptsTable.mu.Unlock()
-	if imageOptsTable.m == nil {
-		imageOptsTable.m = map[string]*ImageOpts{}
-	}
-	imageOptsTable.m[io.Filename] = io
-}
-
 // flattenJSONFilename turns a json: filename's object into an option
-// list, as QEMU flattens it (nested objects become dotted names, list
-// items numbered ones), keeping the order of the keys. A top-level file
-// driver is ovis's raw driver over the file (topFile).
+// list (image.FlattenJSON), with QEMU's messages.
 func flattenJSONFilename(s string) (flat string, topFile bool, err error) {
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return "", false, jsonParseError(s, dec.InputOffset(), err)
+	flat, topFile, err = image.FlattenJSON(s)
+	var je *image.JSONError
+	switch {
+	case err == nil:
+		return flat, topFile, nil
+	case errors.Is(err, image.ErrJSONNotObject):
+		return "", false, wrapMsg(err, "Invalid JSON object given")
+	case errors.Is(err, image.ErrJSONTrailing):
+		return "", false, wrapMsg(err, "Could not parse the JSON options: Expecting at most one JSON value")
+	case errors.As(err, &je):
+		return "", false, jsonParseError(je.Input, je.Offset, je.Err)
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return "", false, errors.New("Invalid JSON object given")
-	}
-	var parts []string
-	if err := flattenJSON(dec, "", '}', &parts); err != nil {
-		return "", false, jsonParseError(s, dec.InputOffset(), err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", false, errors.New("Could not parse the JSON options: Expecting at most one JSON value")
-	}
-	// The file protocol alone: ovis reads it as a raw image.
-	for i, p := range parts {
-		if p == "driver=file" {
-			topFile = true
-			parts[i] = "driver=raw"
-			for j, q := range parts {
-				if j != i && !strings.HasPrefix(q, "file.") && !strings.HasPrefix(q, "driver=") {
-					parts[j] = "file." + q
-				}
-			}
-			break
-		}
-	}
-	return strings.Join(parts, ","), topFile, nil
-}
-
-// flattenJSON appends the members of the object (end '}') or the items of
-// the list (end ']') dec is inside of to parts, named after prefix.
-func flattenJSON(dec *json.Decoder, prefix string, end json.Delim, parts *[]string) error {
-	for i := 0; dec.More(); i++ {
-		name := fmt.Sprintf("%s%d", prefix, i)
-		if end == '}' {
-			k, err := dec.Token()
-			if err != nil {
-				return err
-			}
-			name = prefix + k.(string)
-		}
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		var v string
-		switch t := tok.(type) {
-		case json.Delim:
-			close := json.Delim('}')
-			if t == '[' {
-				close = ']'
-			}
-			if err := flattenJSON(dec, name+".", close, parts); err != nil {
-				return err
-			}
-			continue
-		case string:
-			v = t
-		case json.Number:
-			v = t.String()
-		case bool:
-			v = "off"
-			if t {
-				v = "on"
-			}
-		case nil:
-			continue // QEMU drops null members
-		}
-		*parts = append(*parts, name+"="+strings.ReplaceAll(v, ",", ",,"))
-	}
-	_, err := dec.Token() // the closing delimiter
-	return err
+	return "", false, err
 }
 
 // jsonParseError words a JSON syntax error of s as QEMU's parser does

@@ -29,13 +29,14 @@ type InfoConfig struct {
 // Info writes qemu-img info's output for the image: the same lines in
 // human form, the same keys in the same order with the same values in
 // JSON. Images are opened read-only without their backing files.
-func Info(cfg InfoConfig, w io.Writer) error {
+func (e *Env) Info(cfg InfoConfig) error {
+	w := e.stdout()
 	switch cfg.Output {
 	case "", "human", "json":
 	default:
 		return errors.New("--output must be used with human or json as argument.")
 	}
-	list, err := collectInfo(cfg.Filename, cfg.Format, cfg.BackingChain)
+	list, err := e.collectInfo(cfg.Filename, cfg.Format, cfg.BackingChain)
 	if err != nil {
 		return err
 	}
@@ -62,7 +63,7 @@ func Info(cfg InfoConfig, w io.Writer) error {
 }
 
 // collectInfo describes the image and, with chain, its backing files.
-func collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
+func (e *Env) collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
 	var list []*imageInfo
 	seen := map[string]bool{}
 	for {
@@ -70,7 +71,7 @@ func collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
 			return nil, fmt.Errorf("Backing file '%s' creates an infinite loop.", filename)
 		}
 		seen[filename] = true
-		info, err := queryImage(filename, format)
+		info, err := e.queryImage(filename, format)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +80,7 @@ func collectInfo(filename, format string, chain bool) ([]*imageInfo, error) {
 			return list, nil
 		}
 		next := info.fullBackingFilename
-		if untrusted.Load() {
+		if e.Untrusted {
 			if info.backingFormat == "" {
 				return nil, noBackingFormat(filename, info.backingFilename)
 			}
@@ -124,22 +125,22 @@ type snapshotInfo struct {
 
 // queryImage describes one image, opened read-only without its backing
 // file.
-func queryImage(filename, format string) (*imageInfo, error) {
+func (e *Env) queryImage(filename, format string) (*imageInfo, error) {
 	// A backing file may be named file: or json:, as the image itself.
-	filename, err := ResolveFilename(filename, &format)
+	filename, err := e.ResolveFilename(filename, &format)
 	if err != nil {
 		return nil, err
 	}
 	st, err := os.Stat(filename)
 	if err != nil {
-		return nil, openError(filename, err)
+		return nil, e.openError(filename, err)
 	}
-	if err := requireFormat(filename, format); err != nil {
+	if err := e.requireFormat(filename, format); err != nil {
 		return nil, err
 	}
 	if format == "" {
 		if format, err = image.Probe(filename); err != nil {
-			return nil, openError(filename, err)
+			return nil, e.openError(filename, err)
 		}
 	}
 	info := &imageInfo{filename: filename, format: format, actualSize: allocatedBytes(st)}
@@ -147,7 +148,7 @@ func queryImage(filename, format string) (*imageInfo, error) {
 	case "raw":
 		r, err := block.OpenRaw(filename, true)
 		if err != nil {
-			return nil, openError(filename, err)
+			return nil, e.openError(filename, err)
 		}
 		// QEMU counts whole sectors: a partial last sector reads as zeros.
 		info.virtualSize = (r.Size() + 511) &^ 511
@@ -156,14 +157,14 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		// qemu-img info opens what qcow2_open opens, which does not look
 		// into the L1 or refcount table entries nor the snapshots' L1
 		// tables: ForCheck, read-only, leaves them unchecked.
-		img, err := qcow2.Open(filename, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true, ForCheck: true}))
+		img, err := qcow2.Open(filename, e.trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true, ForCheck: true}))
 		if err != nil {
-			return nil, openError(filename, err)
+			return nil, e.openError(filename, err)
 		}
 		defer img.Close()
 		snaps, err := img.QemuSnapshots()
 		if err != nil {
-			return nil, wrapMsg(err, "Could not open '%s': %v", displayName(filename), err)
+			return nil, wrapMsg(err, "Could not open '%s': %v", e.displayName(filename), err)
 		}
 		h := img.Header()
 		info.virtualSize = int64(h.Size)
@@ -183,13 +184,13 @@ func queryImage(filename, format string) (*imageInfo, error) {
 		}
 		bitmaps, err := qcow2Bitmaps(filename, &h)
 		if err != nil {
-			return nil, openError(filename, err)
+			return nil, e.openError(filename, err)
 		}
 		info.specific = qcow2Specific(&h, bitmaps)
 	default:
 		return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 	}
-	if io := imageOptsFor(filename); io != nil && io.FileProtocol && format == "raw" {
+	if io := e.imageOptsFor(filename); io != nil && io.FileProtocol && format == "raw" {
 		info.format = "file" // json:{"driver":"file",...}, read as raw
 	}
 	return info, nil

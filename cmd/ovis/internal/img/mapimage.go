@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math"
 
 	"github.com/ovis-storage/ovis/block"
@@ -56,7 +55,8 @@ func (e *mapEntry) mergeable(next *mapEntry) bool {
 // equal status from the layer that decides them, merged when they
 // continue one another, as JSON lines or as qemu-img's human table (which
 // lists only data and fails on compressed clusters, as qemu-img's does).
-func Map(ctx context.Context, cfg MapConfig, stdout io.Writer) error {
+func (e *Env) Map(ctx context.Context, cfg MapConfig) error {
+	stdout := e.stdout()
 	var start int64
 	maxLen := int64(-1)
 	var err error
@@ -74,7 +74,7 @@ func Map(ctx context.Context, cfg MapConfig, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
+	dev, err := e.openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
 	if err != nil {
 		return err
 	}

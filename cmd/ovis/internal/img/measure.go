@@ -46,7 +46,8 @@ type measureInfo struct {
 // the new file needs ("required size"), the size with every cluster
 // allocated ("fully allocated size"), and for a qcow2 source and version
 // 3 output the room its persistent bitmaps take.
-func Measure(ctx context.Context, cfg MeasureConfig, stdout io.Writer) error {
+func (e *Env) Measure(ctx context.Context, cfg MeasureConfig) error {
+	stdout := e.stdout()
 	json, err := outputFormat(cfg.Output)
 	if err != nil {
 		return err
@@ -77,7 +78,7 @@ func Measure(ctx context.Context, cfg MeasureConfig, stdout io.Writer) error {
 	}
 	var src *measureSource
 	if cfg.Filename != "" {
-		dev, err := openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
+		dev, err := e.openImage(cfg.Filename, cfg.Format, qcow2.Options{ReadOnly: true})
 		if err != nil {
 			return err
 		}

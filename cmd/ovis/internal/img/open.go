@@ -17,8 +17,8 @@ import (
 // as qemu-img's img_open does, and returns qemu-img's message when it
 // cannot: "Could not open 'top': Could not open backing file: Could not
 // open 'base': No such file or directory" names the layer that failed.
-func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
-	if err := requireFormat(filename, format); err != nil {
+func (e *Env) openImage(filename, format string, o qcow2.Options) (block.Device, error) {
+	if err := e.requireFormat(filename, format); err != nil {
 		return nil, err
 	}
 	if format != "" {
@@ -26,46 +26,46 @@ func openImage(filename, format string, o qcow2.Options) (block.Device, error) {
 			return nil, fmt.Errorf("Could not open '%s': Unknown driver '%s'", filename, format)
 		}
 	}
-	return openTrusted(filename, format, o, trust(filename, o))
+	return e.openTrusted(filename, format, o, e.trust(filename, o))
 }
 
 // openTrusted is openImage with the options trust made of o.
-func openTrusted(filename, format string, o, t qcow2.Options) (block.Device, error) {
+func (e *Env) openTrusted(filename, format string, o, t qcow2.Options) (block.Device, error) {
 	if t.ForceShare && !t.ReadOnly {
-		return nil, fmt.Errorf("Could not open '%s': force-share=on can only be used with read-only images", displayName(filename))
+		return nil, fmt.Errorf("Could not open '%s': force-share=on can only be used with read-only images", e.displayName(filename))
 	}
 	dev, err := image.Open(filename, format, t)
 	if err == nil {
 		return dev, nil
 	}
 	if o.NoBacking {
-		return nil, openError(filename, err)
+		return nil, e.openError(filename, err)
 	}
 	var writer os.FileInfo
 	if !t.ReadOnly {
 		writer, _ = os.Stat(filename)
 	}
-	return nil, wrapMsg(err, "Could not open '%s': %s", displayName(filename), chainReasonAbove(filename, format, err, 0, writer))
+	return nil, wrapMsg(err, "Could not open '%s': %s", e.displayName(filename), e.chainReasonAbove(filename, format, err, 0, writer))
 }
 
 // chainReason says why the chain at filename failed to open with err:
 // the reason of the first layer that does not open on its own, behind one
 // "Could not open backing file: " per layer above it.
-func chainReason(filename, format string, err error, depth int) string {
-	return chainReasonAbove(filename, format, err, depth, nil)
+func (e *Env) chainReason(filename, format string, err error, depth int) string {
+	return e.chainReasonAbove(filename, format, err, depth, nil)
 }
 
 // chainReasonAbove is chainReason for a chain whose top, the file writer
 // (nil: none), is open read-write: a chain that comes back to it fails
 // there as in QEMU, where the backing node's read-only open refuses to
 // share the writes the top holds.
-func chainReasonAbove(filename, format string, err error, depth int, writer os.FileInfo) string {
+func (e *Env) chainReasonAbove(filename, format string, err error, depth int, writer os.FileInfo) string {
 	// This layer opens read-only on its own, but another process holds
 	// it against the open that failed.
 	if le := (*block.LockError)(nil); depth > 16 || errors.As(err, &le) && le.Path == filename {
 		return openReason(err)
 	}
-	dev, err1 := image.Open(filename, format, trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true}))
+	dev, err1 := image.Open(filename, format, e.trust(filename, qcow2.Options{ReadOnly: true, NoBacking: true}))
 	if err1 != nil {
 		return openReason(err1)
 	}
@@ -79,27 +79,27 @@ func chainReasonAbove(filename, format string, err error, depth int, writer os.F
 	dev.Close()
 	// An untrusted backing file without a recorded format is not probed,
 	// not even to find the layer that failed.
-	if next == "" || untrusted.Load() && h.BackingFormat == "" {
+	if next == "" || e.Untrusted && h.BackingFormat == "" {
 		return openReason(err)
 	}
 	if fi, err := os.Stat(next); err == nil && writer != nil && os.SameFile(fi, writer) {
 		return "Could not open backing file: " + (&block.LockError{Path: next, Perm: block.PermWrite, Shared: true}).Error()
 	}
-	return "Could not open backing file: " + chainReasonAbove(next, h.BackingFormat, err, depth+1, writer)
+	return "Could not open backing file: " + e.chainReasonAbove(next, h.BackingFormat, err, depth+1, writer)
 }
 
 // writerOpenError is openError for an image opened read-write whose
 // backing chain comes back to it: QEMU fails on the lock the image holds,
 // naming the layers on the way, where ovis finds the loop.
-func writerOpenError(filename, format string, err error) error {
+func (e *Env) writerOpenError(filename, format string, err error) error {
 	writer, serr := os.Stat(filename)
 	if serr != nil || errors.As(err, new(*block.LockError)) {
-		return openError(filename, err)
+		return e.openError(filename, err)
 	}
-	if r := chainReasonAbove(filename, format, err, 0, writer); strings.HasSuffix(r, "?") {
-		return wrapMsg(err, "Could not open '%s': %s", displayName(filename), r)
+	if r := e.chainReasonAbove(filename, format, err, 0, writer); strings.HasSuffix(r, "?") {
+		return wrapMsg(err, "Could not open '%s': %s", e.displayName(filename), r)
 	}
-	return openError(filename, err)
+	return e.openError(filename, err)
 }
 
 // sourceCache parses a -T argument ("" is writeback) into how to open
@@ -119,8 +119,8 @@ func sourceCache(mode string) (func(string, bool) (block.File, error), error) {
 // warn when a probed format turns out raw. A dirty qcow2 image (lazy
 // refcounts) is repaired, its messages on warn, as qcow2_open does on every
 // read-write open but one for check.
-func openWritable(ctx context.Context, filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
-	dev, err := openImage(filename, format, o)
+func (e *Env) openWritable(ctx context.Context, filename, format string, o qcow2.Options, warn io.Writer) (block.Device, error) {
+	dev, err := e.openImage(filename, format, o)
 	if err != nil || o.ReadOnly {
 		return dev, err
 	}

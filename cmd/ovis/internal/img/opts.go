@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ovis-storage/ovis/image"
 )
 
 // optType is a QemuOptType: how an option's value is parsed and printed.
@@ -218,48 +220,14 @@ func accumulateOptions(args []string) (string, error) {
 // optPair is one name=value item of an option list.
 type optPair struct{ name, value string }
 
-// splitOptions splits an option list as QEMU's opts_do_parse does: items
-// are separated by single commas, ",," is a literal comma inside a value,
-// a name runs to the first '=' or ',', and a bare name is a flag: "foo"
-// means foo=on and "nofoo" foo=off.
+// splitOptions splits an option list as QEMU's opts_do_parse does
+// (image.SplitOpts): items are separated by single commas, ",," is a
+// literal comma inside a value, a name runs to the first '=' or ',', and
+// a bare name is a flag: "foo" means foo=on and "nofoo" foo=off.
 func splitOptions(s string) []optPair {
 	var out []optPair
-	for p := 0; p < len(s); {
-		n := strings.IndexAny(s[p:], "=,")
-		if n < 0 {
-			n = len(s) - p
-		}
-		name := s[p : p+n]
-		p += n
-		if p >= len(s) || s[p] == ',' {
-			value := "on"
-			if strings.HasPrefix(name, "no") {
-				name, value = name[2:], "off"
-			}
-			out = append(out, optPair{name, value})
-			p++
-			continue
-		}
-		p++ // '='
-		var value strings.Builder
-		for {
-			c := strings.IndexByte(s[p:], ',')
-			if c < 0 {
-				value.WriteString(s[p:])
-				p = len(s)
-				break
-			}
-			value.WriteString(s[p : p+c])
-			p += c
-			if p+1 < len(s) && s[p+1] == ',' {
-				value.WriteByte(',')
-				p += 2
-				continue
-			}
-			p++ // the separator
-			break
-		}
-		out = append(out, optPair{name, value.String()})
+	for _, o := range image.SplitOpts(s) {
+		out = append(out, optPair{o.Name, o.Value})
 	}
 	return out
 }

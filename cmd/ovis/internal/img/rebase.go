@@ -43,7 +43,8 @@ type RebaseConfig struct {
 // image reads the same afterwards; when the new backing file is in the
 // old chain, only the ranges allocated above it are compared. Then the
 // header names the new backing file.
-func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) error {
+func (e *Env) Rebase(ctx context.Context, cfg RebaseConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	if cfg.Quiet {
 		cfg.Progress = false
 	}
@@ -53,7 +54,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 	prog := newQemuProgress(cfg.Progress, stdout, 2)
 	defer prog.end()
 	prog.print(0, 100)
-	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{NoBacking: cfg.Unsafe}, stderr)
+	dev, err := e.openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{NoBacking: cfg.Unsafe}, stderr)
 	if err != nil {
 		return err
 	}
@@ -64,7 +65,7 @@ func Rebase(ctx context.Context, cfg RebaseConfig, stdout, stderr io.Writer) err
 		}
 	}
 	if !cfg.Unsafe {
-		err = rebaseCopy(ctx, dev, cfg, prog)
+		err = e.rebaseCopy(ctx, dev, cfg, prog)
 	}
 	if err == nil {
 		// While the image is still open, and so locked: no other
@@ -132,7 +133,7 @@ func setBackingOpen(ctx context.Context, img *qcow2.Image, name, format string) 
 // rebaseCopy is the safe part of rebase: it copies into dev what would
 // change with the new backing file. It stops once ctx is done, before the
 // backing file is changed (Close flushes what was copied).
-func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
+func (e *Env) rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *qemuProgress) error {
 	img, _ := block.As[*qcow2.Image](dev)
 	chain := chainOf(cfg.Filename, cfg.Format, dev)
 	var oldBacking, newBacking block.Device
@@ -145,7 +146,7 @@ func rebaseCopy(ctx context.Context, dev block.Device, cfg RebaseConfig, prog *q
 		if prefix = findBacking(chain, real); prefix >= 0 {
 			newBacking = chain[prefix].dev
 		} else {
-			nb, err := openImage(real, cfg.BackingFormat, qcow2.Options{ReadOnly: true, ForceShare: cfg.ForceShare})
+			nb, err := e.openImage(real, cfg.BackingFormat, qcow2.Options{ReadOnly: true, ForceShare: cfg.ForceShare})
 			if err != nil {
 				return fmt.Errorf("Could not open new backing file '%s': %s", cfg.Backing, unwrapOpen(err, real))
 			}

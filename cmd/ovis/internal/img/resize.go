@@ -36,7 +36,8 @@ type ResizeConfig struct {
 // Resize changes an image's virtual size as qemu-img resize does: qcow2
 // images through the engine, raw files by truncation, with qemu-img's
 // checks and messages, and prints "Image resized.".
-func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) error {
+func (e *Env) Resize(ctx context.Context, cfg ResizeConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	prealloc := cfg.Preallocation
 	switch prealloc {
 	case "":
@@ -59,7 +60,7 @@ func Resize(ctx context.Context, cfg ResizeConfig, stdout, stderr io.Writer) err
 			"Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n" +
 			"and exabytes, respectively.")
 	}
-	dev, err := openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{Resize: true}, stderr)
+	dev, err := e.openWritable(ctx, cfg.Filename, cfg.Format, qcow2.Options{Resize: true}, stderr)
 	if err != nil {
 		return err
 	}

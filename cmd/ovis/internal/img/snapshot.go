@@ -48,9 +48,10 @@ const snapshotNameMax = 255
 // qemu-img snapshot does. The list is qemu-img's table; a new snapshot
 // gets the next free numeric ID and the current time; delete looks the
 // snapshot up by name, apply by ID and then name, as QEMU does.
-func Snapshot(ctx context.Context, cfg SnapshotConfig, stdout, stderr io.Writer) error {
+func (e *Env) Snapshot(ctx context.Context, cfg SnapshotConfig) error {
+	stdout, stderr := e.stdout(), e.stderr()
 	ro := cfg.Action == SnapshotList
-	dev, err := openWritable(ctx, cfg.Filename, "", qcow2.Options{ReadOnly: ro}, stderr)
+	dev, err := e.openWritable(ctx, cfg.Filename, "", qcow2.Options{ReadOnly: ro}, stderr)
 	if err != nil {
 		return err
 	}

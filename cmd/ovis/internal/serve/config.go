@@ -12,6 +12,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/ovis-storage/ovis/export"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/ovis-storage/ovis/qcow2"
 )
 
@@ -158,9 +159,9 @@ type Config struct {
 
 	// ImageOpts is the option list File was named by (--image-opts):
 	// errors name the image by it, and its options apply to the open
-	// (ImageOpts.Apply), over the fields above. The command copies its
+	// (image.Opts.Apply), over the fields above. The command copies its
 	// cache mode, read-only, discard and detect-zeroes into this Config.
-	ImageOpts *img.ImageOpts
+	ImageOpts *image.Opts
 
 	// L2CacheSize, L2CacheEntrySize, RefcountCacheSize, CacheSize,
 	// L2CachePolicy and CacheCleanInterval are QEMU's qcow2 runtime
