@@ -36,6 +36,11 @@ type VDI struct {
 	Parent object.VDI `json:"parent,omitempty"`
 	// Created is set by CreateVDI when zero.
 	Created time.Time `json:"created"`
+	// Epoch is the membership epoch when the VDI was created (read
+	// before the record is written, so no later than the true one): a
+	// node that was one of an object's replicas in every epoch since
+	// then has received every write of it.
+	Epoch uint64 `json:"epoch"`
 }
 
 // StateReady is the State of a VDI that can be served.
@@ -141,6 +146,7 @@ func (c *Client) CreateVDI(ctx context.Context, v VDI) (VDI, error) {
 	}
 	v = v.withDefaults(f)
 	v.State = StateReady
+	v.Epoch = view.Epoch
 	if v.Created.IsZero() {
 		v.Created = c.now().UTC()
 	}

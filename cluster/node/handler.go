@@ -34,6 +34,32 @@ type Handler struct {
 	Metrics *Metrics
 	// Admin, when not nil, serves OpAdmin.
 	Admin func(ctx context.Context, req *protocol.Request, resp *protocol.Response)
+	// Authority, when not nil, says whether this node may take an object
+	// it does not hold as never written: nil when it has been one of the
+	// object's replicas in every epoch since its VDI was created, so that
+	// every write of it reached this node. Otherwise the object may live
+	// on nodes that held it before a membership change, which recovery
+	// (not written yet) would bring here: the node refuses to create it
+	// and does not answer "no such object" for it, so that neither a
+	// partial new copy nor zeros are ever served in place of its data.
+	Authority func(ctx context.Context, obj object.ID) error
+}
+
+// authoritative applies Authority to an object the store does not hold.
+func (h *Handler) authoritative(ctx context.Context, obj object.ID) error {
+	if h.Authority == nil {
+		return nil
+	}
+	return h.Authority(ctx, obj)
+}
+
+// mayCreate checks, before a write, that an object this node lacks may
+// be created here.
+func (h *Handler) mayCreate(ctx context.Context, obj object.ID) error {
+	if _, err := h.Store.Stat(obj); !errors.Is(err, store.ErrNotFound) {
+		return nil // held here (or suspect, which the write reports)
+	}
+	return h.authoritative(ctx, obj)
 }
 
 // epochChecked says whether op carries an epoch that must match: every
@@ -86,6 +112,13 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		ver uint64
 		err error
 	)
+	switch req.Op {
+	case protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard:
+		if err := h.mayCreate(ctx, req.Object); err != nil {
+			fail(resp, protocol.StatusSuspect, err.Error())
+			return
+		}
+	}
 	switch req.Op {
 	case protocol.OpHello:
 	case protocol.OpAdmin:
@@ -151,6 +184,12 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 	default:
 		fail(resp, protocol.StatusUnsupported, fmt.Sprintf("op %s", req.Op))
 		return
+	}
+	if errors.Is(err, store.ErrNotFound) && (req.Op == protocol.OpRead || req.Op == protocol.OpExtents || req.Op == protocol.OpChecksum) {
+		if aerr := h.authoritative(ctx, req.Object); aerr != nil {
+			fail(resp, protocol.StatusSuspect, aerr.Error())
+			return
+		}
 	}
 	if err != nil {
 		fail(resp, statusOf(err), err.Error())

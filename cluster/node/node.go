@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.pool = protocol.NewPool(nil)
 	n.vdis = newVDIs(n)
-	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin}
+	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
 	if cfg.NBD != "" || cfg.NBDListener != nil {
