@@ -75,6 +75,12 @@ type Config struct {
 	// read first; empty when there is none.
 	Local string
 
+	// Live, when not nil, says whether the lease the owner's lock is held
+	// under still holds by this host's clock. A writable device whose
+	// lease may have expired refuses writes itself (the storage nodes
+	// refuse them too, by token, once a new owner fenced them).
+	Live func(now time.Time) bool
+
 	// RetryTimeout bounds how long one request waits for the membership
 	// to settle (new epochs, nodes catching up) before it fails. Zero
 	// means 30 s.
@@ -99,6 +105,10 @@ var (
 	// ErrNoReplica is returned when no replica of an object could be
 	// reached or answered.
 	ErrNoReplica = errors.New("gateway: no replica answered")
+
+	// ErrLeaseLost is returned for writes once the lease that the VDI's
+	// lock is held under may have expired: another owner may have it.
+	ErrLeaseLost = errors.New("the lease holding the VDI's lock may have expired; not writing")
 )
 
 // Open returns the Device of a VDI. A writable one (Token ≠ 0) first
@@ -169,6 +179,8 @@ func (d *Device) check(off, n int64, write bool) error {
 		return block.ErrClosed
 	case write && d.cfg.Token == 0:
 		return block.ErrReadOnly
+	case write && d.cfg.Live != nil && !d.cfg.Live(time.Now()):
+		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, ErrLeaseLost)
 	}
 	return block.CheckRange(off, n, d.cfg.Size)
 }

@@ -473,3 +473,54 @@ func TestRange(t *testing.T) {
 		t.Error("an object size of 4 KiB was accepted")
 	}
 }
+
+// TestLeaseLost: a node whose lease may have expired serves no object,
+// and a gateway whose lock's lease may have expired writes nothing.
+func TestLeaseLost(t *testing.T) {
+	c := newCluster(t, 1, 1)
+	var live atomic.Bool
+	live.Store(true)
+	d, err := gateway.Open(ctx, gateway.Config{VDI: 7, Name: "test", Size: 1 << 20, Copies: 1, ObjectShift: object.MinSizeShift,
+		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: c.net, Live: func(time.Time) bool { return live.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, []byte{1}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	live.Store(false)
+	c.net.reset()
+	if _, err := d.WriteAt(ctx, []byte{2}, 0, 0); !errors.Is(err, gateway.ErrLeaseLost) {
+		t.Fatalf("write after the lease was lost: %v, want ErrLeaseLost", err)
+	}
+	if n := c.net.get("write"); n != 0 {
+		t.Errorf("%d writes reached a node after the lease was lost", n)
+	}
+
+	// The node side: a handler whose lease is gone refuses everything
+	// but HELLO.
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	h := &node.Handler{Store: st, Epochs: newEpoch(1), Live: func(time.Time) bool { return false }}
+	for _, op := range []protocol.Op{protocol.OpWrite, protocol.OpRead, protocol.OpFlush, protocol.OpFence} {
+		req := &protocol.Request{Op: op, Epoch: 1, Token: 5, Object: object.Make(7, 0)}
+		if op == protocol.OpWrite {
+			req.Payload, req.Length = []byte{1}, 1
+		}
+		if op == protocol.OpRead {
+			req.Length = 1
+		}
+		var resp protocol.Response
+		h.Serve(ctx, req, &resp)
+		if resp.Status != protocol.StatusShutdown {
+			t.Errorf("%s at a node that lost its lease: status %s, want %s", op, resp.Status, protocol.StatusShutdown)
+		}
+	}
+	if _, err := st.Stat(object.Make(7, 0)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the refused write reached the store: %v", err)
+	}
+}

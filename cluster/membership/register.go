@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -33,6 +34,11 @@ type Registration struct {
 
 	fenced    chan struct{}
 	fenceOnce sync.Once
+	// deadline is fenceDeadline of the last successful renewal, in Unix
+	// nanoseconds: Valid compares the clock with it on every request, so
+	// that a node that was suspended past its lease refuses writes the
+	// moment it runs again, before keepAlive notices.
+	deadline atomic.Int64
 	// cancel stops the loops; wg waits for them.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -112,6 +118,7 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 	}
 
 	r := &Registration{c: c, node: n, lease: g.ID, ttl: ttl, fenced: make(chan struct{})}
+	r.deadline.Store(fenceDeadline(sent, ttl).UnixNano())
 	var lctx context.Context
 	lctx, r.cancel = context.WithCancel(c.bg)
 	c.mu.Lock()
@@ -189,6 +196,18 @@ func (r *Registration) fence(reason string, left bool) {
 	})
 }
 
+// Valid reports whether the registration still holds at now, by this
+// node's clock: it was not fenced, and its last renewal is recent enough
+// that the lease cannot have expired at the server (see fenceMargin).
+func (r *Registration) Valid(now time.Time) bool {
+	select {
+	case <-r.fenced:
+		return false
+	default:
+	}
+	return now.UnixNano() < r.deadline.Load()
+}
+
 // Leave stops the loops and revokes the lease: the node key and every
 // lock under the lease go at once, and the other nodes write the next
 // epoch. A second call returns ErrClosed.
@@ -227,6 +246,7 @@ func (r *Registration) keepAlive(ctx context.Context, lastSent time.Time) {
 	next := lastSent.Add(r.ttl / 3)
 	for {
 		deadline := fenceDeadline(lastSent, r.ttl)
+		r.deadline.Store(deadline.UnixNano())
 		now := c.now()
 		if !now.Before(deadline) {
 			r.fence(fmt.Sprintf("lease %x not renewed within its ttl %v (last renewal sent %v ago)",

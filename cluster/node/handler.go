@@ -43,6 +43,10 @@ type Handler struct {
 	// and does not answer "no such object" for it, so that neither a
 	// partial new copy nor zeros are ever served in place of its data.
 	Authority func(ctx context.Context, obj object.ID) error
+	// Live, when not nil, says whether the node's membership lease still
+	// holds by its own clock; a node whose lease may have expired serves
+	// nothing but HELLO and admin requests.
+	Live func(now time.Time) bool
 }
 
 // authoritative applies Authority to an object the store does not hold.
@@ -80,6 +84,10 @@ func (h *Handler) Serve(ctx context.Context, req *protocol.Request, resp *protoc
 func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
 	cur := h.Epochs.Epoch()
 	resp.Epoch = cur
+	if epochChecked(req.Op) && h.Live != nil && !h.Live(time.Now()) {
+		fail(resp, protocol.StatusShutdown, "this node's membership lease may have expired: it serves no object until it rejoins")
+		return
+	}
 	if epochChecked(req.Op) {
 		if req.Epoch < cur {
 			fail(resp, protocol.StatusOldEpoch, fmt.Sprintf("request of epoch %d, node is at %d", req.Epoch, cur))

@@ -89,19 +89,19 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	dirLock *os.File // flock on Dir/LOCK while the node runs
-	id    string
-	st    *store.Store
-	embed *membership.Embedded
-	mc    *membership.Client
-	reg   *membership.Registration
-	views *Views
-	pool  *protocol.Pool
-	psrv  *protocol.Server
-	plis  net.Listener
-	nsrv  *nbd.Server
-	nlis  net.Listener
-	vdis  *vdis
-	m     *Metrics
+	id      string
+	st      *store.Store
+	embed   *membership.Embedded
+	mc      *membership.Client
+	reg     *membership.Registration
+	views   *Views
+	pool    *protocol.Pool
+	psrv    *protocol.Server
+	plis    net.Listener
+	nsrv    *nbd.Server
+	nlis    net.Listener
+	vdis    *vdis
+	m       *Metrics
 
 	cancel context.CancelFunc // ends the views watch and the fence watch
 	wg     sync.WaitGroup     // the servers' and watchers' goroutines
@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.pool = protocol.NewPool(nil)
 	n.vdis = newVDIs(n)
-	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check}
+	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
 	if cfg.NBD != "" || cfg.NBDListener != nil {

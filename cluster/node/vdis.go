@@ -72,6 +72,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		Views: r.n.views, Net: r.n.pool, Local: r.n.id}
 	if lk != nil {
 		cfg.Token = lk.Token
+		cfg.Live = r.n.reg.Valid
 	}
 	dev, err := gateway.Open(ctx, cfg)
 	if err != nil {

@@ -546,3 +546,94 @@ func TestClusterMembershipChangeIsSafe(t *testing.T) {
 	}
 	t.Logf("%d writes refused, %d done; cluster check:\n%s", refused, done, r.stdout)
 }
+
+// TestClusterSuspendedWriterIsFenced: the gateway holding a VDI's lock is
+// suspended (SIGSTOP) past its lease; another node takes the VDI over.
+// After SIGCONT the old gateway cannot change a byte, on any copy, and
+// it stops serving.
+func TestClusterSuspendedWriterIsFenced(t *testing.T) {
+	nodes := startCluster(t, 3, "")
+	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "16M")
+	old := startQemuIO(t, "nbd://"+n3.nbd+"/disk0")
+	old.do("write -P 0x11 0 64k", "wrote")
+	if r := n1.mustAdmin(t, "vdi", "lock", "list"); !strings.Contains(r.stdout, n1ID(t, n3)) {
+		t.Fatalf("node 3 does not hold disk0's lock:\n%s", r.stdout)
+	}
+	n3.cmd.Process.Signal(syscall.SIGSTOP)
+	defer n3.cmd.Process.Signal(syscall.SIGCONT)
+	// The lease (3 s) runs out at etcd: the lock goes with it.
+	waitUntil(t, 30*time.Second, func() (bool, string) {
+		r := n1.admin(t, "vdi", "lock", "list")
+		return r.code == 0 && !strings.Contains(r.stdout, n1ID(t, n3)), r.stdout
+	})
+	url2 := "nbd://" + n2.nbd + "/disk0"
+	if r := runQemuIO(t, dir, "-f", "raw", url2, "-c", "write -P 0x22 0 64k"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("the new owner's write: %s%s", r.stdout, r.stderr)
+	}
+	if r := n1.mustAdmin(t, "vdi", "lock", "list"); !strings.Contains(r.stdout, n1ID(t, n2)) {
+		t.Fatalf("node 2 did not take disk0's lock:\n%s", r.stdout)
+	}
+	// The write is on node 3's socket before it runs again, so that it
+	// races the node's own discovery that its lease is gone.
+	fmt.Fprintln(old.in, "write -P 0x33 0 64k")
+	time.Sleep(200 * time.Millisecond)
+	n3.cmd.Process.Signal(syscall.SIGCONT)
+	deadline := time.After(20 * time.Second)
+wait:
+	for {
+		select {
+		case l, ok := <-old.lines:
+			if !ok || strings.Contains(l, "failed") || strings.Contains(l, "rror") {
+				break wait
+			}
+			if strings.Contains(l, "wrote") {
+				t.Fatalf("the fenced gateway acknowledged a write: %s", l)
+			}
+		case <-deadline:
+			t.Fatal("the fenced gateway's write neither failed nor succeeded in 20 s")
+		}
+	}
+	if r := runQemuIO(t, dir, "-f", "raw", url2, "-c", "read -P 0x22 0 64k"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("after SIGCONT the data is not the new owner's: %s%s", r.stdout, r.stderr)
+	}
+	// Not even node 3's own copy changed: it still holds what it had.
+	copy3 := findObjectFile(t, filepath.Join(n3.dir, "objects"), "00000001", "00000000")
+	b := make([]byte, 64<<10)
+	if f, err := os.Open(copy3); err != nil {
+		t.Fatal(err)
+	} else {
+		f.ReadAt(b, 4096)
+		f.Close()
+	}
+	if b[0] != 0x11 || b[len(b)-1] != 0x11 {
+		t.Errorf("node 3's copy starts %#x and ends %#x; want the 0x11 it held before it was fenced", b[0], b[len(b)-1])
+	}
+	select {
+	case <-n3.exited:
+		if !strings.Contains(n3.stderr.String(), "lease") {
+			t.Errorf("node 3 stopped without saying it lost its lease:\n%s", n3.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("node 3 still runs 20 s after it lost its lease")
+	}
+}
+
+// findObjectFile returns the file of object (vdi, index), both as 8 hex
+// digits, under dir.
+func findObjectFile(t *testing.T, dir, vdi, index string) string {
+	t.Helper()
+	var found string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && filepath.Base(path) == index && filepath.Base(filepath.Dir(path)) == vdi {
+			found = path
+		}
+		return nil
+	})
+	if found == "" {
+		t.Fatalf("no file of object %s%s under %s", vdi, index, dir)
+	}
+	return found
+}
