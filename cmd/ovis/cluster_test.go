@@ -136,16 +136,22 @@ func (n *clusterNode) mustAdmin(t *testing.T, args ...string) result {
 
 // startCluster starts count nodes: with an external etcd at etcd, or with
 // the first node embedding one.
-func startCluster(t *testing.T, count int, etcd string) []*clusterNode {
+func startCluster(t *testing.T, count int, etcd string, zones ...string) []*clusterNode {
 	t.Helper()
 	base := t.TempDir()
-	first := startClusterNode(t, filepath.Join(base, "n1"), etcd)
+	extra := func(i int) []string {
+		if len(zones) == 0 {
+			return nil
+		}
+		return []string{"--zone", zones[i-1]}
+	}
+	first := startClusterNode(t, filepath.Join(base, "n1"), etcd, extra(1)...)
 	if etcd == "" {
 		etcd = first.etcd
 	}
 	nodes := []*clusterNode{first}
 	for i := 2; i <= count; i++ {
-		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), etcd))
+		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), etcd, extra(i)...))
 	}
 	// Every node is in the epoch.
 	waitUntil(t, 20*time.Second, func() (bool, string) {
@@ -636,4 +642,71 @@ func findObjectFile(t *testing.T, dir, vdi, index string) string {
 		t.Fatalf("no file of object %s%s under %s", vdi, index, dir)
 	}
 	return found
+}
+
+// TestClusterZones: four nodes in two zones, copies 2: every object has
+// one copy in each zone; copies 3 cannot be asked for.
+func TestClusterZones(t *testing.T) {
+	nodes := startCluster(t, 4, "", "1", "1", "2", "2")
+	n1 := nodes[0]
+	dir := t.TempDir()
+	if r := n1.admin(t, "cluster", "format", "--copies", "3"); r.code == 0 {
+		t.Errorf("copies 3 over 2 zones was accepted: %s", r.stdout)
+	}
+	n1.mustAdmin(t, "cluster", "format", "--copies", "2")
+	if r := n1.admin(t, "vdi", "create", "three", "1M", "--copies", "3"); r.code == 0 || !strings.Contains(r.stderr, "copies") {
+		t.Errorf("a VDI of 3 copies over 2 zones: exit %d, %q", r.code, r.stderr)
+	}
+	n1.mustAdmin(t, "vdi", "create", "disk0", "128M")
+	if r := runQemuIO(t, dir, "-f", "raw", "nbd://"+n1.nbd+"/disk0", "-c", "write -P 7 0 128M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatal(r.stdout, r.stderr)
+	}
+	zoneOf := map[int]string{0: "1", 1: "1", 2: "2", 3: "2"}
+	holders := map[string][]string{}
+	for i, n := range nodes {
+		filepath.WalkDir(filepath.Join(n.dir, "objects"), func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && len(d.Name()) == 8 && len(filepath.Base(filepath.Dir(path))) == 8 {
+				id := filepath.Base(filepath.Dir(path)) + d.Name()
+				holders[id] = append(holders[id], zoneOf[i])
+			}
+			return nil
+		})
+	}
+	if len(holders) != 32 {
+		t.Fatalf("%d objects found, want 32 (128 MiB of 4 MiB objects)", len(holders))
+	}
+	for id, zs := range holders {
+		if len(zs) != 2 || zs[0] == zs[1] {
+			t.Errorf("object %s: copies in zones %v, want one in each of the two", id, zs)
+		}
+	}
+	n1.mustAdmin(t, "cluster", "check")
+}
+
+// TestClusterBadNames: an unknown VDI is refused by name, over NBD and by
+// every admin verb, and nothing changes.
+func TestClusterBadNames(t *testing.T) {
+	nodes := startCluster(t, 1, "")
+	n1 := nodes[0]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format")
+	if o, e, c := testutil.RunIn(t, dir, "nbdinfo", "nbd://"+n1.nbd+"/nosuch"); c == 0 || !strings.Contains(o+e, "nosuch") {
+		t.Errorf("nbdinfo of an unknown VDI: exit %d\n%s%s", c, o, e)
+	}
+	for _, args := range [][]string{
+		{"vdi", "delete", "nosuch"},
+		{"vdi", "resize", "nosuch", "1G"},
+		{"vdi", "read", "nosuch"},
+		{"vdi", "lock", "break", "nosuch"},
+	} {
+		if r := n1.admin(t, args...); r.code == 0 || !strings.Contains(r.stderr, "nosuch") {
+			t.Errorf("ovis %s: exit %d, stderr %q; want an error naming the VDI", strings.Join(args, " "), r.code, r.stderr)
+		}
+	}
+	if r := n1.admin(t, "cluster", "format"); r.code == 0 || !strings.Contains(r.stderr, "already formatted") {
+		t.Errorf("a second format: exit %d, %q", r.code, r.stderr)
+	}
+	if r := n1.mustAdmin(t, "cluster", "format", "--force", "--copies", "1"); !strings.Contains(r.stdout, "copies 1") {
+		t.Errorf("format --force: %s", r.stdout)
+	}
 }
