@@ -43,16 +43,17 @@ func TestSimulation(t *testing.T) {
 		members := span(n)
 		leaver := n / 2
 		after := append(span(leaver), span(n)[leaver+1:]...)
-		for _, k := range []kind{ovisKind, sheepKind} {
+		for _, k := range []kind{ovisKind, sheepKind, ring4kKind} {
 			old := build(t, k, all, members)
 			c := count(t, old, all, objects, copies)
 			hi, lo := spread(c, members)
 
-			join := compare(old, build(t, k, all, span(n+1)), objects, copies, int32(n), true)
+			mv := compare(old, objects, copies,
+				change{build(t, k, all, span(n+1)), int32(n), true},
+				change{build(t, k, all, after), int32(leaver), false})
+			join, leave := mv[0], mv[1]
 			fair := float64(copies*objects) / float64(n+1)
 			joinRatio := float64(join.moved) / fair
-
-			leave := compare(old, build(t, k, all, after), objects, copies, int32(leaver), false)
 			leaveRatio := float64(leave.moved) / float64(c[leaver])
 
 			tab.add(n, objects, k.name, hi, lo, joinRatio, join.oldToOld, leaveRatio, leave.stray)

@@ -58,13 +58,15 @@ func TestZones(t *testing.T) {
 				}
 			}
 
-			join := compare(old, build(t, ovisKind, all, span(total+1)), objects, c.copies, int32(total), true)
+			leaver := c.sizes[0] // the first node of the second zone
+			after := append(span(leaver), span(total)[leaver+1:]...)
+			mv := compare(old, objects, c.copies,
+				change{build(t, ovisKind, all, span(total+1)), int32(total), true},
+				change{build(t, ovisKind, all, after), int32(leaver), false})
+			join, leave := mv[0], mv[1]
 			if join.oldToOld != 0 || join.stray != 0 || join.moved != join.held || join.moved == 0 {
 				t.Errorf("join: %+v; want moves only to the joiner, one per object it now holds", join)
 			}
-			leaver := c.sizes[0] // the first node of the second zone
-			after := append(span(leaver), span(total)[leaver+1:]...)
-			leave := compare(old, build(t, ovisKind, all, after), objects, c.copies, int32(leaver), false)
 			if leave.stray != 0 || leave.moved != cnt[leaver] || leave.changed != cnt[leaver] {
 				t.Errorf("leave: %+v; the leaver held %d; want only its objects to move, one replica each", leave, cnt[leaver])
 			}
