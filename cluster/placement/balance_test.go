@@ -8,7 +8,8 @@ import (
 )
 
 // simObjects is how many objects the simulation places:
-// defaultSimObjects, or OVIS_PLACEMENT_OBJECTS.
+// OVIS_PLACEMENT_OBJECTS if set, else defaultSimObjects (10^7 outside
+// the race detector, the scale), but at most 10^6 with -short.
 func simObjects(tb testing.TB) int {
 	if s := os.Getenv("OVIS_PLACEMENT_OBJECTS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -16,6 +17,9 @@ func simObjects(tb testing.TB) int {
 			tb.Fatalf("OVIS_PLACEMENT_OBJECTS=%q: want a count of at least 1000", s)
 		}
 		return n
+	}
+	if testing.Short() {
+		return min(defaultSimObjects, 1_000_000)
 	}
 	return defaultSimObjects
 }

@@ -27,6 +27,16 @@ func shareError(c []int64, nodes []Node, members []int) (worst float64, at int, 
 	return worst, at, overBound
 }
 
+// expected returns the replicas node at should hold for its weight.
+func expected(c []int64, nodes []Node, members []int, at int) float64 {
+	var total, weight float64
+	for _, g := range members {
+		total += float64(c[g])
+		weight += float64(nodes[g].Weight)
+	}
+	return total * float64(nodes[at].Weight) / weight
+}
+
 // maxInclusion is the largest share of the objects that a node must
 // hold for its weight: copies times its share of the weight.
 func maxInclusion(nodes []Node, copies int) float64 {
@@ -49,7 +59,7 @@ func maxInclusion(nodes []Node, copies int) float64 {
 func TestWeights(t *testing.T) {
 	const copies = 3
 	objects := max(simObjects(t)/4, 1000)
-	tab := &table{head: []string{"nodes", "weights", "heaviest node's objects", "layout", "worst share error", "at weight", "asserted"}}
+	tab := &table{head: []string{"nodes", "weights", "heaviest node's objects", "layout", "worst share error", "at weight", "sampling σ there", "asserted"}}
 	cycle := func(ws ...uint32) func(int) uint32 { return func(i int) uint32 { return ws[i%len(ws)] } }
 	for _, c := range []struct {
 		n      int
@@ -70,7 +80,9 @@ func TestWeights(t *testing.T) {
 			cnt := count(t, build(t, k, all, members), all, objects, copies)
 			worst, at, over := shareError(cnt, all, members)
 			incl := maxInclusion(all, copies)
-			tab.add(c.n, c.name, fmt.Sprintf("%.0f %%", 100*incl), k.name, fmt.Sprintf("%.1f %%", 100*worst), all[at].Weight, k == ovisKind && c.assert)
+			sigma := 1 / math.Sqrt(expected(cnt, all, members, at))
+			tab.add(c.n, c.name, fmt.Sprintf("%.0f %%", 100*incl), k.name, fmt.Sprintf("%.1f %%", 100*worst),
+				all[at].Weight, fmt.Sprintf("%.1f %%", 100*sigma), k == ovisKind && c.assert)
 			if k == ovisKind && c.assert && over > 1 {
 				t.Errorf("%d nodes, weights %s: node %s (weight %d) is %.2f %% off its share, %.2f× the bound",
 					c.n, c.name, all[at].ID, all[at].Weight, 100*worst, over)
