@@ -7,7 +7,8 @@ import (
 
 // BenchmarkPlace measures one Place of copies=3 at 10, 100 and 1,000
 // nodes, without zones, with weights 1–4 and with 10 zones, next to a
-// lookup in Sheepdog's ring of 128 vnodes per node.
+// lookup in Sheepdog's ring of 128 vnodes per node (ring128) and in a
+// ring of 4096 (ring4096).
 func BenchmarkPlace(b *testing.B) {
 	for _, n := range []int{10, 100, 1000} {
 		for _, c := range []struct {
@@ -36,15 +37,20 @@ func BenchmarkPlace(b *testing.B) {
 			if c.name == "weighted" {
 				continue // the ring's lookup does not depend on weights
 			}
-			b.Run(fmt.Sprintf("nodes=%d/%s/sheepdog", n, c.name), func(b *testing.B) {
-				r := newRing(nodes, sdDefaultVnodes)
-				dst := make([]int32, 0, 3)
-				i := 0
-				for b.Loop() {
-					dst = r.place(simID(i), 3, dst[:0])
-					i++
+			for _, k := range []kind{sheepKind, ring4kKind} {
+				if k == ring4kKind && c.name != "flat" {
+					continue
 				}
-			})
+				b.Run(fmt.Sprintf("nodes=%d/%s/ring%d", n, c.name, k.vnodes), func(b *testing.B) {
+					r := newRing(nodes, k.vnodes)
+					dst := make([]int32, 0, 3)
+					i := 0
+					for b.Loop() {
+						dst = r.place(simID(i), 3, dst[:0])
+						i++
+					}
+				})
+			}
 		}
 	}
 }
