@@ -43,6 +43,7 @@ type Map struct {
 	nodes    []Node   // sorted by ID
 	seeds    []uint64 // seeds[i] is node i's hash seed
 	invW     []float64
+	maxW     float64
 	zoneOf   []int32 // dense zone index of node i; i itself without zones
 	zones    int
 	zoned    bool
@@ -85,6 +86,7 @@ func New(nodes []Node) (*Map, error) {
 	for i, n := range m.nodes {
 		m.seeds[i] = nodeSeed(n.ID)
 		m.invW[i] = 1 / float64(n.Weight)
+		m.maxW = max(m.maxW, float64(n.Weight))
 	}
 	// Equal seeds would give two nodes equal scores for every object,
 	// and the one sorting later would never win.
@@ -179,10 +181,14 @@ func (m *Map) rank(id object.ID, copies int, top *[MaxCopies]cand) int {
 	// complemented bits of the positive float64, which order the same
 	// way as larger-is-better keys. Most nodes are ruled out before the
 	// logarithm: -log2(u) ≥ 1-u, and 1-u is the complement of h.
-	thr := math.Inf(1) // the worst score in a full top
+	// The first test is integer-only, against the heaviest weight; the
+	// second is the node's own.
+	thr := math.Inf(1)              // the worst score in a full top
+	thrLB := uint64(math.MaxUint64) // rule out lb ≥ thrLB: then lb/maxW > thr
 	for i, seed := range m.seeds {
 		h := mix(oh ^ seed)
-		if lb := ^h >> (64 - logFrac); lb > logSlack && float64(lb-logSlack)*m.invW[i] >= thr {
+		lb := ^h >> (64 - logFrac) // ≤ -log2(u) in negLog2's units
+		if lb >= thrLB || lb > logSlack && float64(lb-logSlack)*m.invW[i] >= thr {
 			continue
 		}
 		k := ^math.Float64bits(float64(negLog2(h)) * m.invW[i])
@@ -192,6 +198,9 @@ func (m *Map) rank(id object.ID, copies int, top *[MaxCopies]cand) int {
 		t = m.insert(top, t, copies, k, i)
 		if t == copies {
 			thr = math.Float64frombits(^top[t-1].key)
+			if v := thr * m.maxW; v < 1<<62 {
+				thrLB = uint64(v) + 1 + logSlack
+			}
 		}
 	}
 	return t
