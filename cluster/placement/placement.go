@@ -43,6 +43,7 @@ type Map struct {
 	nodes    []Node   // sorted by ID
 	seeds    []uint64 // seeds[i] is node i's hash seed
 	invW     []float64
+	maxW     float64
 	zoneOf   []int32 // dense zone index of node i; i itself without zones
 	zones    int
 	zoned    bool
@@ -85,6 +86,7 @@ func New(nodes []Node) (*Map, error) {
 	for i, n := range m.nodes {
 		m.seeds[i] = nodeSeed(n.ID)
 		m.invW[i] = 1 / float64(n.Weight)
+		m.maxW = max(m.maxW, float64(n.Weight))
 	}
 	// Equal seeds would give two nodes equal scores for every object,
 	// and the one sorting later would never win.
@@ -165,38 +167,74 @@ func (m *Map) Place(id object.ID, copies int, dst []string) ([]string, error) {
 func (m *Map) rank(id object.ID, copies int, top *[MaxCopies]cand) int {
 	oh := objectHash(id)
 	t := 0
-	for i, seed := range m.seeds {
-		k := mix(oh ^ seed)
-		if m.weighted {
-			// -log2(u)/w, smallest best; complemented bits of a
-			// positive float64 order the same way as larger-is-better.
-			k = ^math.Float64bits(float64(negLog2(k)) * m.invW[i])
-		}
-		if t == copies && k <= top[t-1].key {
-			continue // the common case: not among the best
-		}
-		z := m.zoneOf[i]
-		j := t
-		if m.zoned {
-			for j = 0; j < t && top[j].zone != z; j++ {
+	if !m.weighted {
+		for i, seed := range m.seeds {
+			k := mix(oh ^ seed)
+			if t == copies && k <= top[t-1].key {
+				continue // the common case: not among the best
 			}
-			if j < t && k <= top[j].key {
-				continue // its zone already has a better node
-			}
+			t = m.insert(top, t, copies, k, i)
 		}
-		if j == t { // a zone not in top: take a new slot or the last one
-			if t < copies {
-				t++
-			}
-			j = t - 1
-		}
-		// Move the entry up to keep top sorted by key, best first;
-		// equal keys keep the earlier node first.
-		for ; j > 0 && top[j-1].key < k; j-- {
-			top[j] = top[j-1]
-		}
-		top[j] = cand{key: k, node: int32(i), zone: z}
+		return t
 	}
+	// Weighted: the score is -log2(u)/w, smallest best, stored as the
+	// complemented bits of the positive float64, which order the same
+	// way as larger-is-better keys. Most nodes are ruled out before the
+	// logarithm: -log2(u) ≥ 1-u, and 1-u is the complement of h.
+	// The first test is integer-only, against the heaviest weight; the
+	// second is the node's own.
+	thr := math.Inf(1)              // the worst score in a full top
+	thrLB := uint64(math.MaxUint64) // rule out lb ≥ thrLB: then lb/maxW > thr
+	for i, seed := range m.seeds {
+		h := mix(oh ^ seed)
+		lb := ^h >> (64 - logFrac) // ≤ -log2(u) in negLog2's units
+		if lb >= thrLB || lb > logSlack && float64(lb-logSlack)*m.invW[i] >= thr {
+			continue
+		}
+		k := ^math.Float64bits(float64(negLog2(h)) * m.invW[i])
+		if t == copies && k <= top[t-1].key {
+			continue
+		}
+		t = m.insert(top, t, copies, k, i)
+		if t == copies {
+			thr = math.Float64frombits(^top[t-1].key)
+			if v := thr * m.maxW; v < 1<<62 {
+				thrLB = uint64(v) + 1 + logSlack
+			}
+		}
+	}
+	return t
+}
+
+// logSlack covers the error of negLog2 (below 2^-26) in the lower
+// bound of the weighted loop, with room to spare, so that the bound
+// never rules out a node that would have made the top.
+const logSlack = 1 << (logFrac - 24)
+
+// insert puts node i with key k into top, which holds t entries, unless
+// its zone already has a better node; it returns the new count.
+func (m *Map) insert(top *[MaxCopies]cand, t, copies int, k uint64, i int) int {
+	z := m.zoneOf[i]
+	j := t
+	if m.zoned {
+		for j = 0; j < t && top[j].zone != z; j++ {
+		}
+		if j < t && k <= top[j].key {
+			return t // its zone already has a better node
+		}
+	}
+	if j == t { // a zone not in top: take a new slot or the last one
+		if t < copies {
+			t++
+		}
+		j = t - 1
+	}
+	// Move the entry up to keep top sorted by key, best first; equal
+	// keys keep the earlier node first.
+	for ; j > 0 && top[j-1].key < k; j-- {
+		top[j] = top[j-1]
+	}
+	top[j] = cand{key: k, node: int32(i), zone: z}
 	return t
 }
 

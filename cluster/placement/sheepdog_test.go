@@ -16,8 +16,8 @@ import (
 // for them.
 
 const (
-	fnvInit  = 0xcbf29ce484222325
-	fnvPrime = 0x100000001b3
+	fnvInit         = 0xcbf29ce484222325
+	fnvPrime        = 0x100000001b3
 	sdDefaultVnodes = 128
 )
 

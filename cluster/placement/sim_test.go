@@ -77,6 +77,8 @@ type kind struct {
 var (
 	ovisKind  = kind{"ovis (HRW)", 0}
 	sheepKind = kind{"Sheepdog ring, 128 vnodes", sdDefaultVnodes}
+	// A ring with more vnodes, the other design considered.
+	ring4kKind = kind{"ring, 4096 vnodes", 4096}
 )
 
 // build makes the layout of kind k over the universe nodes whose
@@ -211,50 +213,72 @@ type moves struct {
 	stray    int64 // objects that changed without involving the joiner or leaver
 }
 
-// compare places objects under old and new; node is the joiner (join)
-// or the leaver (leave), its universe index.
-func compare(old, new layout, objects, copies int, node int32, join bool) moves {
+func (m *moves) add(o moves) {
+	m.moved += o.moved
+	m.oldToOld += o.oldToOld
+	m.changed += o.changed
+	m.held += o.held
+	m.stray += o.stray
+}
+
+// change is a membership change to simulate: the layout after it, and
+// the node (universe index) that joins or leaves.
+type change struct {
+	after layout
+	node  int32
+	join  bool
+}
+
+// compare places objects under old and under each change's layout, in
+// one pass, and returns what each change moves.
+func compare(old layout, objects, copies int, changes ...change) []moves {
 	workers := runtime.GOMAXPROCS(0)
-	per := make([]moves, workers)
+	per := make([][]moves, workers)
 	parallel(objects, func(w, lo, hi int) {
-		var mv moves
+		mv := make([]moves, len(changes))
 		a := make([]int32, 0, copies)
 		b := make([]int32, 0, copies)
 		for i := lo; i < hi; i++ {
 			a = old.place(simID(i), copies, a[:0])
-			b = new.place(simID(i), copies, b[:0])
-			inOld, inNew := slices.Contains(a, node), slices.Contains(b, node)
-			if join && inNew || !join && inOld {
-				mv.held++
-			}
-			diff := false
-			for _, n := range b {
-				if !slices.Contains(a, n) {
-					diff = true
-					mv.moved++
-					if n != node {
-						mv.oldToOld++
-					}
-				}
-			}
-			if diff {
-				mv.changed++
-				if join && !inNew || !join && !inOld {
-					mv.stray++
-				}
+			for c, ch := range changes {
+				b = ch.after.place(simID(i), copies, b[:0])
+				mv[c].add(diff(a, b, ch.node, ch.join))
 			}
 		}
 		per[w] = mv
 	})
-	var t moves
-	for _, m := range per {
-		t.moved += m.moved
-		t.oldToOld += m.oldToOld
-		t.changed += m.changed
-		t.held += m.held
-		t.stray += m.stray
+	total := make([]moves, len(changes))
+	for _, mv := range per {
+		for c := range mv {
+			total[c].add(mv[c])
+		}
 	}
-	return t
+	return total
+}
+
+// diff compares one object's node sets before (a) and after (b) the
+// join or leave of node.
+func diff(a, b []int32, node int32, join bool) moves {
+	var mv moves
+	inOld, inNew := slices.Contains(a, node), slices.Contains(b, node)
+	if join && inNew || !join && inOld {
+		mv.held++
+	}
+	for _, n := range b {
+		if !slices.Contains(a, n) {
+			mv.moved++
+			if n != node {
+				mv.oldToOld++
+			}
+		}
+	}
+	if mv.moved > 0 {
+		mv.changed++
+		if join && !inNew || !join && !inOld {
+			mv.stray++
+		}
+	}
+	return mv
 }
 
 // table collects rows of a markdown table that the test logs.
