@@ -190,3 +190,5 @@ func (c *flipConn) Write(p []byte) (int, error) {
 	c.mu.Unlock()
 	return c.Conn.Write(p)
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
