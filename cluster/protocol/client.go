@@ -89,12 +89,14 @@ func NewClient(conn net.Conn) *Client {
 // Call sends req and waits for its response, which it stores in resp.
 // It assigns the request's handle itself (req.Handle is not sent nor
 // changed); resp.Handle is the handle used. resp.Payload is replaced by
-// a slice the Client allocated, which the caller owns.
+// a slice the Client allocated, which the caller owns. resp must not be
+// nil.
 //
 // It returns an *Error when resp.Status is not StatusOK (resp is filled
 // then too), an error wrapping ErrConnection (and ErrNotSent when it
 // applies) when the connection fails, ErrChecksum when the response's
-// payload fails its checksum, and ctx.Err() when ctx ends first: the
+// payload fails its checksum, ErrMalformed when a successful OpRead
+// reply is not req.Length bytes, and ctx.Err() when ctx ends first: the
 // call is then abandoned and its response discarded when it comes.
 // Call does not return while the connection's writer still reads
 // req.Payload.
@@ -318,6 +320,8 @@ func (c *Client) readLoop() {
 		}
 		if got := Checksum(resp.Payload); got != crc {
 			cl.err = fmt.Errorf("protocol: %s %s from %s: %w: crc32c %#08x, header says %#08x", cl.req.Op, cl.req.Object, c.peer, ErrChecksum, got, crc)
+		} else if cl.req.Op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(cl.req.Length) {
+			cl.err = fmt.Errorf("protocol: read %s from %s: %w: reply of %d bytes, asked for %d", cl.req.Object, c.peer, ErrMalformed, len(resp.Payload), cl.req.Length)
 		}
 		cl.resp = resp
 		close(cl.done)

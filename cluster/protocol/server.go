@@ -23,7 +23,8 @@ import (
 // OpRead, which Serve may fill (resp.Payload = resp.Payload[:n]); any
 // slice Serve sets instead is only read, until its response is written.
 // For an error status, Payload is a message, cut to MaxErrorMsg.
-// A response payload over MaxPayload is replaced by StatusTooBig.
+// A response payload over MaxPayload is replaced by StatusTooBig, and a
+// successful OpRead reply of other than req.Length bytes by StatusEIO.
 //
 // ctx is cancelled when the server stops hard (Shutdown's ctx ended).
 // Serve is called concurrently, up to MaxInFlight times per connection.
@@ -383,6 +384,12 @@ func (sc *serverConn) handle(req *Request, crcOK bool, crc uint32, cost int) {
 			n := len(resp.Payload)
 			resp.Payload = nil // the handler's; not ours to overwrite
 			resp.SetError(StatusTooBig, fmt.Sprintf("%s reply of %d bytes over %d", req.Op, n, MaxPayload))
+		}
+		if req.Op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(req.Length) {
+			// A short read on the wire would be taken for data.
+			n := len(resp.Payload)
+			resp.Payload = nil
+			resp.SetError(StatusEIO, fmt.Sprintf("read %s: %d bytes served of %d", req.Object, n, req.Length))
 		}
 	}
 	resp.Handle = req.Handle

@@ -162,6 +162,9 @@ func (h *blockHandler) Serve(ctx context.Context, req *Request, resp *Response) 
 		<-h.release
 	}
 	resp.Version = uint64(req.Object)
+	if req.Op == OpRead {
+		resp.SetError(StatusNoEnt, "blockHandler serves no data")
+	}
 }
 
 // wait waits for n requests to start, failing on an early error.
@@ -539,7 +542,7 @@ func TestInFlightBound(t *testing.T) {
 			}
 			close(h.release)
 			for range n {
-				if err := <-errs; err != nil {
+				if err := <-errs; err != nil && StatusOf(err) != StatusNoEnt {
 					t.Error(err)
 				}
 			}
@@ -591,5 +594,38 @@ func TestIdleTimeout(t *testing.T) {
 	case <-c.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("idle connection kept")
+	}
+}
+
+// TestShortRead: a successful read reply must be exactly the length
+// asked; the server turns a short one into StatusEIO, and a client
+// refuses one from a peer that sends it anyway.
+func TestShortRead(t *testing.T) {
+	noLeaks(t)
+	short := HandlerFunc(func(ctx context.Context, req *Request, resp *Response) {
+		resp.Payload = append(resp.Payload, "abc"...)
+	})
+	ts := startServer(t, "pipe", short, ServerOptions{})
+	c := ts.client(t)
+	var resp Response
+	if err := c.Call(ctx, &Request{Op: OpRead, Length: 10}, &resp); StatusOf(err) != StatusEIO {
+		t.Fatalf("short read served: %v", err)
+	}
+	if err := c.Call(ctx, &Request{Op: OpRead, Length: 3}, &resp); err != nil || string(resp.Payload) != "abc" {
+		t.Fatalf("exact read: %v %q", err, resp.Payload)
+	}
+
+	a, b := net.Pipe()
+	go func() {
+		defer b.Close()
+		var r Request
+		if ReadRequest(b, &r) == nil {
+			WriteResponse(b, &Response{Handle: r.Handle, Payload: []byte("ab")})
+		}
+	}()
+	c2 := NewClient(a)
+	defer c2.Close()
+	if err := c2.Call(ctx, &Request{Op: OpRead, Length: 10}, &resp); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("short read received: %v", err)
 	}
 }
