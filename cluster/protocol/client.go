@@ -60,6 +60,7 @@ const (
 // call is one request in flight.
 type call struct {
 	req    *Request
+	crc    uint32 // of req.Payload
 	handle uint64
 	state  atomic.Int32
 	// written is closed by the writer once it no longer reads req, after
@@ -104,7 +105,9 @@ func (c *Client) Call(ctx context.Context, req *Request, resp *Response) error {
 	if _, err := checkRequest(req); err != nil {
 		return err
 	}
-	cl := &call{req: req, written: make(chan struct{}), done: make(chan struct{})}
+	// The checksum is computed here, not by the writer, so that the
+	// callers' CRCs run in parallel and overlap the writes.
+	cl := &call{req: req, crc: Checksum(req.Payload), written: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
 	if err := c.mu.err; err != nil {
 		c.mu.Unlock()
@@ -250,7 +253,7 @@ func (c *Client) writeCall(bw *bufio.Writer, cl *call, hdr []byte) error {
 	if err := c.conn.SetWriteDeadline(time.Now().Add(ioTimeout)); err != nil {
 		return err
 	}
-	putRequestHeader(hdr, r, cl.handle, r.Payload != nil, int(n), Checksum(r.Payload))
+	putRequestHeader(hdr, r, cl.handle, r.Payload != nil, int(n), cl.crc)
 	if _, err := bw.Write(hdr); err != nil {
 		return err
 	}

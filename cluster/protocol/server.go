@@ -344,9 +344,8 @@ func (sc *serverConn) readLoop() {
 				req.Payload = []byte{}
 			}
 		}
-		crcOK := !h.payload || Checksum(req.Payload) == h.crc
 		sc.handlers.Add(1)
-		go sc.handle(req, crcOK, h.crc, cost)
+		go sc.handle(req, h, cost)
 	}
 }
 
@@ -365,11 +364,14 @@ func (sc *serverConn) readFailed(what string, err error) {
 }
 
 // handle checks one request, serves it and queues its response.
-func (sc *serverConn) handle(req *Request, crcOK bool, crc uint32, cost int) {
+// The checksum is verified here, off the reader, so that one request's
+// CRC overlaps the next one's arrival.
+func (sc *serverConn) handle(req *Request, h requestHeader, cost int) {
 	defer sc.handlers.Done()
 	resp := new(Response)
 	var readBuf []byte
-	if st, msg := check(req, crcOK, crc); st != StatusOK {
+	crcOK := !h.payload || Checksum(req.Payload) == h.crc
+	if st, msg := check(req, crcOK, h.crc); st != StatusOK {
 		resp.SetError(st, msg)
 	} else {
 		if req.Op == OpRead {
