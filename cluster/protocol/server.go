@@ -55,6 +55,11 @@ type ServerOptions struct {
 	// arriving for that long. The default, 0, keeps idle connections,
 	// as node-to-node connections are kept for reuse.
 	IdleTimeout time.Duration
+	// IOTimeout bounds the read of a payload once its header has
+	// arrived, and the write of each response: a peer that stops
+	// sending mid-request or stops reading loses the connection. The
+	// default is 30 s.
+	IOTimeout time.Duration
 	// Logger receives the connection errors. The default is
 	// slog.Default().
 	Logger *slog.Logger
@@ -78,6 +83,8 @@ func (o ServerOptions) Validate() error {
 		return fmt.Errorf("protocol: ServerOptions.MaxConns %d: want ≥ 0", o.MaxConns)
 	case o.IdleTimeout < 0:
 		return fmt.Errorf("protocol: ServerOptions.IdleTimeout %v: want ≥ 0", o.IdleTimeout)
+	case o.IOTimeout < 0:
+		return fmt.Errorf("protocol: ServerOptions.IOTimeout %v: want ≥ 0", o.IOTimeout)
 	}
 	return nil
 }
@@ -91,6 +98,9 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.IOTimeout == 0 {
+		o.IOTimeout = ioTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -328,7 +338,7 @@ func (sc *serverConn) readLoop() {
 		}
 		var buf []byte
 		if h.payload {
-			sc.conn.SetReadDeadline(time.Now().Add(ioTimeout))
+			sc.conn.SetReadDeadline(time.Now().Add(s.opts.IOTimeout))
 			if s.stopping.Load() {
 				sc.budget.release(cost)
 				return
@@ -486,7 +496,7 @@ func (sc *serverConn) writeLoop() {
 
 // writeReply encodes one response into bw.
 func (sc *serverConn) writeReply(bw *bufio.Writer, r *Response, hdr []byte) error {
-	if err := sc.conn.SetWriteDeadline(time.Now().Add(ioTimeout)); err != nil {
+	if err := sc.conn.SetWriteDeadline(time.Now().Add(sc.s.opts.IOTimeout)); err != nil {
 		return err
 	}
 	putResponseHeader(hdr, r, Checksum(r.Payload))

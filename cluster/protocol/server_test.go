@@ -212,7 +212,6 @@ func TestCancel(t *testing.T) {
 	// A call cancelled before it starts never reaches the server.
 	cancelled, cancel2 := context.WithCancel(ctx)
 	cancel2()
-	before := len(h.started)
 	if err := c.Call(cancelled, &Request{Op: OpStat, Object: 3}, &resp); !errors.Is(err, context.Canceled) {
 		t.Fatalf("call with a cancelled context: %v", err)
 	}
@@ -222,7 +221,6 @@ func TestCancel(t *testing.T) {
 	if pending != 0 {
 		t.Fatalf("%d calls still pending", pending)
 	}
-	_ = before
 }
 
 // TestShutdownInFlight: Shutdown waits for the requests in service and
@@ -627,5 +625,45 @@ func TestShortRead(t *testing.T) {
 	defer c2.Close()
 	if err := c2.Call(ctx, &Request{Op: OpRead, Length: 10}, &resp); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("short read received: %v", err)
+	}
+}
+
+// TestPeerStopsReading: a peer that sends requests and never reads the
+// replies holds at most MaxInFlight of them in service and loses the
+// connection after IOTimeout.
+func TestPeerStopsReading(t *testing.T) {
+	noLeaks(t)
+	h := &echoHandler{}
+	ts := startServer(t, "pipe", h, ServerOptions{MaxInFlight: 4, IOTimeout: 100 * time.Millisecond})
+	conn, err := ts.dial(ctx, ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := rawRequest(&Request{Op: OpRead, Length: 4096}, nil, nil)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := conn.Write(req); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, io.ErrClosedPipe) && !errors.Is(err, io.EOF) {
+			t.Logf("write ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("server still reading from a peer that reads nothing")
+	}
+	// One reply is being written when the writer blocks; the reader
+	// holds the rest.
+	if got := h.served.Load(); got > 4+1 {
+		t.Fatalf("%d requests served for a peer that read no reply; MaxInFlight 4", got)
+	}
+	if !strings.Contains(ts.log.String(), "protocol write") {
+		t.Fatalf("log: %s", ts.log.String())
 	}
 }
