@@ -60,6 +60,7 @@ const (
 // call is one request in flight.
 type call struct {
 	req    *Request
+	crc    uint32 // of req.Payload
 	handle uint64
 	state  atomic.Int32
 	// written is closed by the writer once it no longer reads req, after
@@ -89,12 +90,14 @@ func NewClient(conn net.Conn) *Client {
 // Call sends req and waits for its response, which it stores in resp.
 // It assigns the request's handle itself (req.Handle is not sent nor
 // changed); resp.Handle is the handle used. resp.Payload is replaced by
-// a slice the Client allocated, which the caller owns.
+// a slice the Client allocated, which the caller owns. resp must not be
+// nil.
 //
 // It returns an *Error when resp.Status is not StatusOK (resp is filled
 // then too), an error wrapping ErrConnection (and ErrNotSent when it
 // applies) when the connection fails, ErrChecksum when the response's
-// payload fails its checksum, and ctx.Err() when ctx ends first: the
+// payload fails its checksum, ErrMalformed when a successful OpRead
+// reply is not req.Length bytes, and ctx.Err() when ctx ends first: the
 // call is then abandoned and its response discarded when it comes.
 // Call does not return while the connection's writer still reads
 // req.Payload.
@@ -102,7 +105,9 @@ func (c *Client) Call(ctx context.Context, req *Request, resp *Response) error {
 	if _, err := checkRequest(req); err != nil {
 		return err
 	}
-	cl := &call{req: req, written: make(chan struct{}), done: make(chan struct{})}
+	// The checksum is computed here, not by the writer, so that the
+	// callers' CRCs run in parallel and overlap the writes.
+	cl := &call{req: req, crc: Checksum(req.Payload), written: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
 	if err := c.mu.err; err != nil {
 		c.mu.Unlock()
@@ -248,7 +253,7 @@ func (c *Client) writeCall(bw *bufio.Writer, cl *call, hdr []byte) error {
 	if err := c.conn.SetWriteDeadline(time.Now().Add(ioTimeout)); err != nil {
 		return err
 	}
-	putRequestHeader(hdr, r, cl.handle, r.Payload != nil, int(n), Checksum(r.Payload))
+	putRequestHeader(hdr, r, cl.handle, r.Payload != nil, int(n), cl.crc)
 	if _, err := bw.Write(hdr); err != nil {
 		return err
 	}
@@ -318,6 +323,8 @@ func (c *Client) readLoop() {
 		}
 		if got := Checksum(resp.Payload); got != crc {
 			cl.err = fmt.Errorf("protocol: %s %s from %s: %w: crc32c %#08x, header says %#08x", cl.req.Op, cl.req.Object, c.peer, ErrChecksum, got, crc)
+		} else if cl.req.Op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(cl.req.Length) {
+			cl.err = fmt.Errorf("protocol: read %s from %s: %w: reply of %d bytes, asked for %d", cl.req.Object, c.peer, ErrMalformed, len(resp.Payload), cl.req.Length)
 		}
 		cl.resp = resp
 		close(cl.done)

@@ -146,8 +146,8 @@ type requestHeader struct {
 }
 
 // parseRequestHeader decodes b into r (all fields but Payload) and says
-// whether a payload follows. Errors wrap ErrBadMagic, ErrBadVersion or
-// ErrTooBig and name the field and its value.
+// whether a payload follows. Errors wrap ErrBadMagic, ErrBadVersion,
+// ErrTooBig or ErrMalformed and name the field and its value.
 func parseRequestHeader(b []byte, r *Request) (requestHeader, error) {
 	_ = b[RequestHeaderLen-1]
 	if m := binary.BigEndian.Uint32(b[0:]); m != Magic {
@@ -169,6 +169,9 @@ func parseRequestHeader(b []byte, r *Request) (requestHeader, error) {
 		Length:  binary.BigEndian.Uint32(b[56:]),
 	}
 	h := requestHeader{payload: flags&flagPayload != 0, crc: binary.BigEndian.Uint32(b[60:])}
+	if !h.payload && h.crc != 0 {
+		return h, fmt.Errorf("%w: %s request without payload has crc32c %#08x, want 0", ErrMalformed, r.Op, h.crc)
+	}
 	if h.payload && r.Length > MaxPayload {
 		return h, fmt.Errorf("%w: %s request length %d, max %d", ErrTooBig, r.Op, r.Length, MaxPayload)
 	}
@@ -182,8 +185,8 @@ func parseRequestHeader(b []byte, r *Request) (requestHeader, error) {
 //
 // It returns io.EOF when rd ends before a header starts, an error
 // wrapping io.ErrUnexpectedEOF inside one, and errors wrapping
-// ErrBadMagic, ErrBadVersion or ErrTooBig for headers that end the
-// stream. A payload that fails its checksum returns an error wrapping
+// ErrBadMagic, ErrBadVersion, ErrTooBig or ErrMalformed (a checksum
+// without a payload) for headers that end the stream. A payload that fails its checksum returns an error wrapping
 // ErrChecksum with req filled, so that the receiver can reply.
 func ReadRequest(rd io.Reader, req *Request) error {
 	var b [RequestHeaderLen]byte

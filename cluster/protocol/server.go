@@ -23,7 +23,8 @@ import (
 // OpRead, which Serve may fill (resp.Payload = resp.Payload[:n]); any
 // slice Serve sets instead is only read, until its response is written.
 // For an error status, Payload is a message, cut to MaxErrorMsg.
-// A response payload over MaxPayload is replaced by StatusTooBig.
+// A response payload over MaxPayload is replaced by StatusTooBig, and a
+// successful OpRead reply of other than req.Length bytes by StatusEIO.
 //
 // ctx is cancelled when the server stops hard (Shutdown's ctx ended).
 // Serve is called concurrently, up to MaxInFlight times per connection.
@@ -54,6 +55,11 @@ type ServerOptions struct {
 	// arriving for that long. The default, 0, keeps idle connections,
 	// as node-to-node connections are kept for reuse.
 	IdleTimeout time.Duration
+	// IOTimeout bounds the read of a payload once its header has
+	// arrived, and the write of each response: a peer that stops
+	// sending mid-request or stops reading loses the connection. The
+	// default is 30 s.
+	IOTimeout time.Duration
 	// Logger receives the connection errors. The default is
 	// slog.Default().
 	Logger *slog.Logger
@@ -77,6 +83,8 @@ func (o ServerOptions) Validate() error {
 		return fmt.Errorf("protocol: ServerOptions.MaxConns %d: want ≥ 0", o.MaxConns)
 	case o.IdleTimeout < 0:
 		return fmt.Errorf("protocol: ServerOptions.IdleTimeout %v: want ≥ 0", o.IdleTimeout)
+	case o.IOTimeout < 0:
+		return fmt.Errorf("protocol: ServerOptions.IOTimeout %v: want ≥ 0", o.IOTimeout)
 	}
 	return nil
 }
@@ -90,6 +98,9 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	}
 	if o.MaxConns == 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.IOTimeout == 0 {
+		o.IOTimeout = ioTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -327,7 +338,7 @@ func (sc *serverConn) readLoop() {
 		}
 		var buf []byte
 		if h.payload {
-			sc.conn.SetReadDeadline(time.Now().Add(ioTimeout))
+			sc.conn.SetReadDeadline(time.Now().Add(s.opts.IOTimeout))
 			if s.stopping.Load() {
 				sc.budget.release(cost)
 				return
@@ -343,9 +354,8 @@ func (sc *serverConn) readLoop() {
 				req.Payload = []byte{}
 			}
 		}
-		crcOK := !h.payload || Checksum(req.Payload) == h.crc
 		sc.handlers.Add(1)
-		go sc.handle(req, crcOK, h.crc, cost)
+		go sc.handle(req, h, cost)
 	}
 }
 
@@ -364,11 +374,14 @@ func (sc *serverConn) readFailed(what string, err error) {
 }
 
 // handle checks one request, serves it and queues its response.
-func (sc *serverConn) handle(req *Request, crcOK bool, crc uint32, cost int) {
+// The checksum is verified here, off the reader, so that one request's
+// CRC overlaps the next one's arrival.
+func (sc *serverConn) handle(req *Request, h requestHeader, cost int) {
 	defer sc.handlers.Done()
 	resp := new(Response)
 	var readBuf []byte
-	if st, msg := check(req, crcOK, crc); st != StatusOK {
+	crcOK := !h.payload || Checksum(req.Payload) == h.crc
+	if st, msg := check(req, crcOK, h.crc); st != StatusOK {
 		resp.SetError(st, msg)
 	} else {
 		if req.Op == OpRead {
@@ -383,6 +396,12 @@ func (sc *serverConn) handle(req *Request, crcOK bool, crc uint32, cost int) {
 			n := len(resp.Payload)
 			resp.Payload = nil // the handler's; not ours to overwrite
 			resp.SetError(StatusTooBig, fmt.Sprintf("%s reply of %d bytes over %d", req.Op, n, MaxPayload))
+		}
+		if req.Op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(req.Length) {
+			// A short read on the wire would be taken for data.
+			n := len(resp.Payload)
+			resp.Payload = nil
+			resp.SetError(StatusEIO, fmt.Sprintf("read %s: %d bytes served of %d", req.Object, n, req.Length))
 		}
 	}
 	resp.Handle = req.Handle
@@ -477,7 +496,7 @@ func (sc *serverConn) writeLoop() {
 
 // writeReply encodes one response into bw.
 func (sc *serverConn) writeReply(bw *bufio.Writer, r *Response, hdr []byte) error {
-	if err := sc.conn.SetWriteDeadline(time.Now().Add(ioTimeout)); err != nil {
+	if err := sc.conn.SetWriteDeadline(time.Now().Add(sc.s.opts.IOTimeout)); err != nil {
 		return err
 	}
 	putResponseHeader(hdr, r, Checksum(r.Payload))
