@@ -14,6 +14,9 @@ import (
 var testHookAdmitted func(object.ID)
 
 func checkRange(id object.ID, off, n int64) error {
+	if id.VDI() == 0 {
+		return fmt.Errorf("store: object %s: vdi 0 is no VDI: %w", id, ErrRange)
+	}
 	if off < 0 || n < 0 || off > MaxObjectSize || n > MaxObjectSize-off {
 		return fmt.Errorf("store: object %s: range %d+%d: %w", id, off, n, ErrRange)
 	}

@@ -292,11 +292,25 @@ func TestModel(t *testing.T) {
 				id := genID(t)
 				off := rapid.SampledFrom([]int64{-1, -1 << 62, MaxObjectSize, MaxObjectSize - 1, 1 << 62}).Draw(t, "off")
 				n := rapid.SampledFrom([]int64{-1, 2, MaxObjectSize + 1, 1 << 62}).Draw(t, "n")
+				if rapid.Bool().Draw(t, "vdi0") {
+					id = object.Make(0, id.Index())
+				}
 				if checkRange(id, off, n) == nil {
 					return
 				}
 				if _, err := s.WriteZeroes(id, m.tokens[id.VDI()], off, n, true, false); !errors.Is(err, ErrRange) {
 					t.Fatalf("WriteZeroes %d+%d: %v, want ErrRange", off, n, err)
+				}
+				if id.VDI() == 0 {
+					if err := s.Remove(id, 0); !errors.Is(err, ErrRange) {
+						t.Fatalf("Remove of vdi 0: %v", err)
+					}
+					if err := s.Put(id, 1, nil); !errors.Is(err, ErrRange) {
+						t.Fatalf("Put of vdi 0: %v", err)
+					}
+					if err := s.Fence(0, 1); !errors.Is(err, ErrRange) {
+						t.Fatalf("Fence of vdi 0: %v", err)
+					}
 				}
 				if _, err := s.Extents(id, off, n, nil); !errors.Is(err, ErrRange) {
 					t.Fatalf("Extents %d+%d: %v, want ErrRange", off, n, err)
