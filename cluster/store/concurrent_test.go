@@ -220,3 +220,68 @@ func TestChecksumIgnoresHoles(t *testing.T) {
 		t.Errorf("Put kept zeros allocated: %d bytes, written copy %d", ua.Allocated, ub.Allocated)
 	}
 }
+
+// Every call at once on a few objects: nothing but ErrNotFound from
+// readers, no race, and a clean reopen with nothing suspect.
+func TestConcurrentChaos(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, Options{MaxOpenFiles: 1})
+	ids := []object.ID{object.Make(1, 0), object.Make(1, 1), object.Make(2, 0)}
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 150 {
+				id := ids[(g+i)%len(ids)]
+				var err error
+				switch (g*7 + i) % 11 {
+				case 0, 1:
+					_, err = s.WriteAt(id, 1, bytes.Repeat([]byte{byte(i)}, 5000), int64(i*100), i%2 == 0)
+				case 2:
+					_, err = s.WriteZeroes(id, 1, int64(i*10), 9000, i%2 == 0, i%3 == 0)
+				case 3:
+					err = s.Remove(id, 1)
+				case 4:
+					err = s.Put(id, uint64(i), bytes.Repeat([]byte{1}, i*50))
+				case 5:
+					_, err = s.ReadAt(id, make([]byte, 8000), 0)
+				case 6:
+					_, err = s.Extents(id, 0, 1<<20, nil)
+				case 7:
+					_, _, err = s.Checksum(id)
+				case 8:
+					_, err = s.Stat(id)
+				case 9:
+					_, err = s.List(0)
+				case 10:
+					err = s.Flush(id.VDI())
+				}
+				if err != nil && !errors.Is(err, ErrNotFound) {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	want, err := s.List(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openT(t, dir, Options{})
+	defer s.Close()
+	got, err := s.List(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("after reopen %d objects, before %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i].ID != want[i].ID || got[i].Version != want[i].Version || got[i].Suspect {
+			t.Errorf("after reopen %+v, before %+v", got[i], want[i])
+		}
+	}
+}
