@@ -68,6 +68,9 @@ func (s *Store) forgetWait(o *obj, seq uint64) error {
 // an object that does not exist succeeds; removing a suspect copy clears
 // its suspicion. It returns ErrStaleToken.
 func (s *Store) Remove(id object.ID, token uint64) error {
+	if err := checkRange(id, 0, 0); err != nil {
+		return err
+	}
 	if err := s.enter(); err != nil {
 		return err
 	}
@@ -102,6 +105,9 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 // no token and is not fenced. Trailing zeros of data are not stored, and
 // 4 KiB blocks of zeros are left as holes.
 func (s *Store) Put(id object.ID, version uint64, data []byte) error {
+	if err := checkRange(id, 0, int64(len(data))); err != nil {
+		return err
+	}
 	if len(data) > MaxObjectSize {
 		return fmt.Errorf("store: object %s: put of %d bytes: %w", id, len(data), ErrRange)
 	}

@@ -20,7 +20,7 @@ var (
 	// ErrClosed: the Store was closed.
 	ErrClosed = errors.New("store: closed")
 	// ErrRange: an offset or length lies outside an object of
-	// MaxObjectSize bytes, or is negative.
+	// MaxObjectSize bytes, or is negative, or the id names VDI 0.
 	ErrRange = errors.New("store: range outside object")
 	// ErrCorrupt: a file of the store does not have the expected format.
 	ErrCorrupt = errors.New("store: corrupt")

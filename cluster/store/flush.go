@@ -3,6 +3,9 @@ package store
 import (
 	"errors"
 	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cluster/object"
 )
@@ -61,27 +64,46 @@ func (s *Store) flushVDI(v *vdiState) (uint64, error) {
 	type pending struct {
 		o   *obj
 		gen uint64
+		err error
 	}
-	var synced []pending
+	var todo []*pending
 	var errs []error
 	for _, o := range objs {
 		o.mu.Lock()
 		gen, need, exists := o.dirtyGen, o.dirtyGen != o.syncedGen, o.exists
 		o.mu.Unlock()
-		if need && exists {
-			fd, err := s.fds.get(o.id, o.path, false)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("store: flush: object %s: %w", o.id, err))
-				continue
-			}
-			err = fdatasync(fd.fd)
-			s.fds.put(fd)
-			if err != nil {
-				errs = append(errs, s.failed(o, fmt.Errorf("store: flush: object %s: %w", o.id, err)))
-				continue
-			}
+		p := &pending{o: o, gen: gen}
+		todo = append(todo, p)
+		if !need || !exists {
+			continue
 		}
-		synced = append(synced, pending{o, gen})
+		p.err = errNeedSync
+	}
+	// fdatasyncs run in parallel: the file system may commit them
+	// together, and a device with a queue serves them concurrently.
+	work := make(chan *pending)
+	var wg sync.WaitGroup
+	for range min(flushParallel, len(todo)) {
+		wg.Go(func() {
+			for p := range work {
+				p.err = s.syncFile(p.o)
+			}
+		})
+	}
+	for _, p := range todo {
+		if p.err == errNeedSync {
+			work <- p
+		}
+	}
+	close(work)
+	wg.Wait()
+	var synced []*pending
+	for _, p := range todo {
+		if p.err != nil {
+			errs = append(errs, p.err)
+			continue
+		}
+		synced = append(synced, p)
 	}
 	v.mu.Lock()
 	gen := v.dirGen
@@ -109,4 +131,26 @@ func (s *Store) flushVDI(v *vdiState) (uint64, error) {
 	}
 	v.mu.Unlock()
 	return seq, errors.Join(errs...)
+}
+
+// flushParallel bounds the fdatasyncs one Flush runs at once.
+const flushParallel = 8
+
+var errNeedSync = errors.New("needs sync")
+
+// syncFile fdatasyncs o's file; a failure makes the copy suspect.
+func (s *Store) syncFile(o *obj) error {
+	fd, err := s.fds.get(o.id, o.path, false)
+	if errors.Is(err, unix.ENOENT) {
+		return nil // removed meanwhile: nothing to make durable
+	}
+	if err != nil {
+		return fmt.Errorf("store: flush: object %s: %w", o.id, err)
+	}
+	err = fdatasync(fd.fd)
+	s.fds.put(fd)
+	if err != nil {
+		return s.failed(o, fmt.Errorf("store: flush: object %s: fdatasync: %w", o.id, err))
+	}
+	return nil
 }

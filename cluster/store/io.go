@@ -9,7 +9,14 @@ import (
 	"github.com/ovis-storage/ovis/cluster/object"
 )
 
+// testHookAdmitted, when set by a test, runs after a mutating call's
+// token was admitted and before its I/O.
+var testHookAdmitted func(object.ID)
+
 func checkRange(id object.ID, off, n int64) error {
+	if id.VDI() == 0 {
+		return fmt.Errorf("store: object %s: vdi 0 is no VDI: %w", id, ErrRange)
+	}
 	if off < 0 || n < 0 || off > MaxObjectSize || n > MaxObjectSize-off {
 		return fmt.Errorf("store: object %s: range %d+%d: %w", id, off, n, ErrRange)
 	}
@@ -63,6 +70,9 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 		return 0, err
 	}
 	defer o.v.done(token)
+	if testHookAdmitted != nil {
+		testHookAdmitted(id)
+	}
 	if allocates {
 		if err := s.checkSpace(n); err != nil {
 			return 0, fmt.Errorf("store: object %s: %w", id, err)

@@ -212,9 +212,16 @@ func (j *journal) wait(seq uint64) error {
 		}
 		j.mu.Lock()
 		j.busy = false
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrNoSpace):
+			// Nothing of the batch counts (append cut it off); the
+			// records stay in the live state, which only errs towards
+			// suspicion. Later batches may succeed once space is freed.
+			j.cond.Broadcast()
+			return fmt.Errorf("store: journal: %w", err)
+		case err != nil:
 			j.err = fmt.Errorf("store: journal: %w", err)
-		} else {
+		default:
 			j.synced = g
 		}
 		j.cond.Broadcast()
@@ -234,17 +241,22 @@ func (j *journal) sync() error {
 }
 
 func (j *journal) append(b []byte) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(j.fd, b, j.size)
-		if err != nil {
-			if errors.Is(err, unix.ENOSPC) {
-				err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+	for done := 0; done < len(b); {
+		n, err := unix.Pwrite(j.fd, b[done:], j.size+int64(done))
+		if errors.Is(err, unix.ENOSPC) {
+			// Cut off the partial batch so that the next one does not
+			// follow a torn record.
+			if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
+				return fmt.Errorf("append at %d: %w; truncate: %w", j.size, err, terr)
 			}
+			return fmt.Errorf("append at %d: %w: %w", j.size, ErrNoSpace, err)
+		}
+		if err != nil {
 			return fmt.Errorf("append at %d: %w", j.size, err)
 		}
-		b = b[n:]
-		j.size += int64(n)
+		done += n
 	}
+	j.size += int64(len(b))
 	if err := unix.Fdatasync(j.fd); err != nil {
 		return fmt.Errorf("fdatasync: %w", err)
 	}

@@ -327,6 +327,9 @@ func (s *Store) raise(v *vdiState, token uint64) error {
 // every call carrying a lower token has finished or been refused. It
 // returns ErrStaleToken when token is lower than the highest.
 func (s *Store) Fence(vdi object.VDI, token uint64) error {
+	if vdi == 0 {
+		return fmt.Errorf("store: fence: vdi 0 is no VDI: %w", ErrRange)
+	}
 	if err := s.enter(); err != nil {
 		return err
 	}

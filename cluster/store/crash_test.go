@@ -1,0 +1,364 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// The crash test runs random operations in a child process (this test
+// binary, re-executed), kills it with SIGKILL at a random moment, reopens
+// the store and checks every object against a model replayed from the
+// child's log of what it began and what was acknowledged.
+//
+// SIGKILL keeps the page cache, so this checks the journal protocol
+// (what is suspect, what is not, versions, tokens, torn journal tails),
+// not the device's write-back order; see docs/store.md.
+
+const (
+	crashEnvDir  = "OVIS_STORE_CRASH_DIR"
+	crashEnvSeed = "OVIS_STORE_CRASH_SEED"
+	crashSpan    = 1 << 20 // objects are written within their first MiB
+)
+
+// crashOp is one operation of the child, as logged: a "begin" line
+// before the call and an "ack" line after it returned.
+type crashOp struct {
+	kind    string // write, zero, remove, flush, put, fence
+	id      object.ID
+	vdi     object.VDI
+	off, n  int64
+	sync    bool
+	alloc   bool
+	seed    uint64 // data of write and put
+	token   uint64
+	version uint64 // put
+}
+
+func (op crashOp) String() string {
+	return fmt.Sprintf("%s %d %d %d %d %t %t %d %d %d", op.kind, uint64(op.id), op.vdi, op.off, op.n, op.sync, op.alloc, op.seed, op.token, op.version)
+}
+
+func parseCrashOp(s string) (crashOp, error) {
+	f := strings.Fields(s)
+	if len(f) != 10 {
+		return crashOp{}, fmt.Errorf("op %q", s)
+	}
+	u := func(i int) uint64 { v, _ := strconv.ParseUint(f[i], 10, 64); return v }
+	return crashOp{
+		kind: f[0], id: object.ID(u(1)), vdi: object.VDI(u(2)), off: int64(u(3)), n: int64(u(4)),
+		sync: f[5] == "true", alloc: f[6] == "true", seed: u(7), token: u(8), version: u(9),
+	}, nil
+}
+
+func crashData(seed uint64, n int64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// crashChild runs operations until it is killed.
+func crashChild(dir string, seed uint64) error {
+	s, err := Open(filepath.Join(dir, "store"), Options{MaxOpenFiles: 4})
+	if err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	r := rand.New(rand.NewPCG(seed, 1))
+	tokens := map[object.VDI]uint64{1: 1, 2: 1}
+	for i := 0; ; i++ {
+		vdi := object.VDI(1 + r.IntN(2))
+		op := crashOp{vdi: vdi, id: object.Make(vdi, uint32(r.IntN(4))), token: tokens[vdi], seed: r.Uint64()}
+		op.off = r.Int64N(crashSpan)
+		op.n = min(r.Int64N(64<<10), crashSpan-op.off)
+		switch k := r.IntN(100); {
+		case k < 35:
+			op.kind = "write"
+		case k < 60:
+			op.kind, op.sync = "write", true
+		case k < 72:
+			op.kind, op.sync, op.alloc = "zero", r.IntN(2) == 0, r.IntN(2) == 0
+		case k < 77:
+			op.kind = "remove"
+		case k < 90:
+			op.kind = "flush"
+			if r.IntN(3) == 0 {
+				op.vdi = 0
+			}
+		case k < 95:
+			op.kind, op.version, op.n = "put", r.Uint64N(1000)+1, r.Int64N(crashSpan)
+		default:
+			op.kind = "fence"
+			op.token++
+			tokens[vdi] = op.token
+		}
+		fmt.Fprintf(logf, "begin %s\n", op)
+		switch op.kind {
+		case "write":
+			_, err = s.WriteAt(op.id, op.token, crashData(op.seed, op.n), op.off, op.sync)
+		case "zero":
+			_, err = s.WriteZeroes(op.id, op.token, op.off, op.n, op.alloc, op.sync)
+		case "remove":
+			err = s.Remove(op.id, op.token)
+		case "flush":
+			err = s.Flush(op.vdi)
+		case "put":
+			err = s.Put(op.id, op.version, crashData(op.seed, op.n))
+		case "fence":
+			err = s.Fence(op.vdi, op.token)
+		}
+		if err != nil {
+			return fmt.Errorf("op %d %s: %w", i, op, err)
+		}
+		fmt.Fprintf(logf, "ack\n")
+	}
+}
+
+func TestCrashChild(t *testing.T) {
+	dir := os.Getenv(crashEnvDir)
+	if dir == "" {
+		t.Skip("run by TestCrash")
+	}
+	seed, _ := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
+	if err := crashChild(dir, seed); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(3)
+	}
+}
+
+// crashObj is the model of one object for the crash check.
+type crashObj struct {
+	m       mobj
+	exists  bool
+	dirty   bool // an acknowledged unsynced mutation no Flush covered
+	touched bool // journaled: mutated since the last Flush, Remove or Put
+}
+
+type crashModel struct {
+	objs   map[object.ID]*crashObj
+	tokens map[object.VDI]uint64
+}
+
+func (cm *crashModel) obj(id object.ID) *crashObj {
+	o := cm.objs[id]
+	if o == nil {
+		o = &crashObj{m: mobj{pages: map[int64][]byte{}}}
+		cm.objs[id] = o
+	}
+	return o
+}
+
+func (cm *crashModel) clone() *crashModel {
+	c := &crashModel{objs: map[object.ID]*crashObj{}, tokens: map[object.VDI]uint64{}}
+	for id, o := range cm.objs {
+		n := *o
+		n.m.pages = map[int64][]byte{}
+		for i, pg := range o.m.pages {
+			n.m.pages[i] = bytes.Clone(pg)
+		}
+		c.objs[id] = &n
+	}
+	for v, t := range cm.tokens {
+		c.tokens[v] = t
+	}
+	return c
+}
+
+func (cm *crashModel) apply(op crashOp) {
+	if op.token > cm.tokens[op.vdi] && op.kind != "flush" && op.kind != "put" {
+		cm.tokens[op.vdi] = op.token
+	}
+	switch op.kind {
+	case "write", "zero":
+		o := cm.obj(op.id)
+		if !o.exists {
+			o.m = mobj{pages: map[int64][]byte{}}
+		}
+		o.exists = true
+		data := make([]byte, op.n)
+		if op.kind == "write" {
+			data = crashData(op.seed, op.n)
+		}
+		mm := model{objs: map[object.ID]*mobj{op.id: &o.m}}
+		mm.write(op.id, data, op.off)
+		o.touched = true
+		if !op.sync {
+			o.dirty = true
+		}
+	case "remove":
+		o := cm.obj(op.id)
+		*o = crashObj{m: mobj{pages: map[int64][]byte{}}}
+	case "put":
+		o := cm.obj(op.id)
+		*o = crashObj{m: mobj{pages: map[int64][]byte{}}, exists: true}
+		mm := model{objs: map[object.ID]*mobj{op.id: &o.m}}
+		mm.write(op.id, crashData(op.seed, op.n), 0)
+		o.m.version = op.version
+	case "flush":
+		for id, o := range cm.objs {
+			if op.vdi == 0 || id.VDI() == op.vdi {
+				o.dirty, o.touched = false, false
+			}
+		}
+	}
+}
+
+func TestCrash(t *testing.T) {
+	rounds := 6
+	if testing.Short() {
+		rounds = 2
+	}
+	if n, err := strconv.Atoi(os.Getenv("OVIS_STORE_CRASH_ROUNDS")); err == nil {
+		rounds = n
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var suspects, clean, inflight int
+	for round := range rounds {
+		dir := t.TempDir()
+		seed := uint64(time.Now().UnixNano()) + uint64(round)
+		cmd := exec.CommandContext(ctx, bin, "-test.run=^TestCrashChild$")
+		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(seed, 10))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
+		cmd.Process.Signal(syscall.SIGKILL)
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != -1 {
+			t.Fatalf("round %d (seed %d): child did not die of SIGKILL: %v\n%s", round, seed, err, stderr.String())
+		}
+		s, c, i := checkCrash(t, dir, seed)
+		suspects += s
+		inflight += i
+		clean += c
+	}
+	t.Logf("%d rounds: %d objects suspect, %d checked exactly, %d in flight at the kill", rounds, suspects, clean, inflight)
+}
+
+// checkCrash replays the child's log and checks the reopened store.
+func checkCrash(t *testing.T, dir string, seed uint64) (suspects, exact, inflight int) {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cm := &crashModel{objs: map[object.ID]*crashObj{}, tokens: map[object.VDI]uint64{1: 1, 2: 1}}
+	var pending *crashOp
+	ops := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "begin "):
+			op, err := parseCrashOp(strings.TrimPrefix(line, "begin "))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pending = &op
+		case line == "ack":
+			cm.apply(*pending)
+			pending = nil
+			ops++
+		default: // a line torn by the kill
+		}
+	}
+	after := cm
+	if pending != nil {
+		after = cm.clone()
+		after.apply(*pending)
+	}
+	s, err := Open(filepath.Join(dir, "store"), Options{})
+	if err != nil {
+		t.Fatalf("seed %d: reopen: %v", seed, err)
+	}
+	defer s.Close()
+	for v, tok := range cm.tokens {
+		if got := s.Token(v); got < tok || got > after.tokens[v] {
+			t.Errorf("seed %d: vdi %d token %d, acknowledged %d", seed, v, got, tok)
+		}
+	}
+	for id := range after.objs {
+		o := cm.objs[id]
+		if o == nil {
+			o = &crashObj{}
+		}
+		inFlight := pending != nil && pending.id == id && pending.kind != "flush" && pending.kind != "fence"
+		// A Flush in flight changes no content, only what may be suspect.
+		flushing := pending != nil && pending.kind == "flush" && (pending.vdi == 0 || pending.vdi == id.VDI())
+		info, err := s.Stat(id)
+		if errors.Is(err, ErrNotFound) {
+			info = Info{ID: id}
+		} else if err != nil {
+			t.Fatalf("seed %d: stat %s: %v", seed, id, err)
+		}
+		if info.Suspect {
+			suspects++
+			if !o.touched && !(inFlight && after.objs[id].touched) {
+				t.Errorf("seed %d: object %s suspect, but every write to it was flushed (in flight: %v)", seed, id, inFlight)
+			}
+			continue
+		}
+		if o.dirty && !inFlight && !flushing {
+			t.Errorf("seed %d: object %s has unflushed writes but is not suspect", seed, id)
+			continue
+		}
+		if inFlight {
+			inflight++
+			if !matches(s, id, o) && !matches(s, id, after.objs[id]) {
+				t.Errorf("seed %d: object %s matches neither the state before nor after the op in flight, %s", seed, id, pending)
+			}
+			continue
+		}
+		exact++
+		if !matches(s, id, o) {
+			t.Errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
+		}
+	}
+	if ops == 0 {
+		t.Errorf("seed %d: the child acknowledged no operation", seed)
+	}
+	t.Logf("seed %d: %d operations acknowledged, then %v in flight", seed, ops, pending)
+	return suspects, exact, inflight
+}
+
+func matches(s *Store, id object.ID, o *crashObj) bool {
+	if o == nil {
+		o = &crashObj{}
+	}
+	p := make([]byte, crashSpan)
+	v, err := s.ReadAt(id, p, 0)
+	if !o.exists {
+		return errors.Is(err, ErrNotFound)
+	}
+	if err != nil || v != o.m.version {
+		return false
+	}
+	want := make([]byte, crashSpan)
+	o.m.read(want, 0)
+	return bytes.Equal(p, want)
+}

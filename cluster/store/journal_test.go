@@ -1,0 +1,63 @@
+package store
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// The journal stays small under churn (compaction), and a torn tail is
+// cut off at Open.
+func TestJournalCompactionAndTornTail(t *testing.T) {
+	old := compactAt
+	compactAt = 2048
+	defer func() { compactAt = old }()
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	for i := range 300 {
+		id := object.Make(1, uint32(i%7))
+		if _, err := s.WriteAt(id, uint64(i/50), []byte{byte(i)}, int64(i), false); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := s.Flush(1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dirty := object.Make(1, 99)
+	if _, err := s.WriteAt(dirty, 5, []byte{1}, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, "journal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() > 2*compactAt {
+		t.Fatalf("journal of %d bytes after churn, compaction at %d", st.Size(), compactAt)
+	}
+	crashed := snapshot(t, dir)
+	f, err := os.OpenFile(filepath.Join(crashed, "journal"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Write([]byte("torn record\x00\x01"))
+	f.Close()
+	c := openT(t, crashed, Options{})
+	defer c.Close()
+	if c.Token(1) != 5 {
+		t.Fatalf("token %d after compaction and a crash, want 5", c.Token(1))
+	}
+	if info, err := c.Stat(dirty); err != nil || !info.Suspect {
+		t.Fatalf("dirty object after compaction and a crash: %+v %v", info, err)
+	}
+	if info, err := c.Stat(object.Make(1, 0)); err != nil || info.Suspect {
+		t.Fatalf("flushed object after a crash: %+v %v", info, err)
+	}
+	if _, err := c.WriteAt(object.Make(1, 1), 5, []byte{1}, 0, true); err != nil {
+		t.Fatalf("write after a torn journal tail: %v", err)
+	}
+}

@@ -1,0 +1,164 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// snapshot copies a live store's directory, as a crash would leave it
+// (page cache included): the copy has no clean marker.
+func snapshot(t *testing.T, from string) string {
+	t.Helper()
+	to := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.CommandContext(ctx, "cp", "-a", "--sparse=always", from, to).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	return to
+}
+
+func TestSuspect(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	var (
+		flushed  = object.Make(1, 0) // buffered write, then Flush
+		dirty    = object.Make(1, 1) // buffered write, no Flush
+		synced   = object.Make(2, 0) // sync write only, then Flush(2)
+		other    = object.Make(2, 1) // buffered write on VDI 2, covered by Flush(2)
+		removed  = object.Make(1, 2) // buffered write, then Remove
+		putAfter = object.Make(1, 3) // buffered write, then Put
+	)
+	data := bytes.Repeat([]byte{7}, 5000)
+	for _, id := range []object.ID{flushed, dirty, other, removed, putAfter} {
+		if _, err := s.WriteAt(id, 1, data, 10, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.WriteAt(synced, 1, data, 10, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WriteAt(flushed, 1, data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(1); err != nil { // flushed and dirty are clean now…
+		t.Fatal(err)
+	}
+	if _, err := s.WriteAt(dirty, 1, data, 20000, false); err != nil { // …and dirty is dirty again
+		t.Fatal(err)
+	}
+	if err := s.Remove(removed, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(putAfter, 42, data); err != nil {
+		t.Fatal(err)
+	}
+
+	crashed := snapshot(t, dir)
+	c := openT(t, crashed, Options{})
+	want := map[object.ID]bool{flushed: false, dirty: true, synced: false, other: false, putAfter: false}
+	for id, suspect := range want {
+		info, err := c.Stat(id)
+		if err != nil || info.Suspect != suspect {
+			t.Errorf("object %s: %+v %v, want suspect %v", id, info, err, suspect)
+		}
+	}
+	if _, err := c.Stat(removed); !errors.Is(err, ErrNotFound) {
+		t.Errorf("removed object: %v", err)
+	}
+	if info, _ := c.Stat(putAfter); info.Version != 42 {
+		t.Errorf("put object has version %d, want 42", info.Version)
+	}
+	if _, err := c.ReadAt(dirty, make([]byte, 10), 0); !errors.Is(err, ErrSuspect) {
+		t.Errorf("read of suspect: %v", err)
+	}
+	if _, err := c.WriteAt(dirty, 1, data, 0, true); !errors.Is(err, ErrSuspect) {
+		t.Errorf("write of suspect: %v", err)
+	}
+	if _, _, err := c.Checksum(dirty); !errors.Is(err, ErrSuspect) {
+		t.Errorf("checksum of suspect: %v", err)
+	}
+	infos, err := c.List(0)
+	if err != nil || len(infos) != 5 {
+		t.Fatalf("List: %+v %v", infos, err)
+	}
+
+	// A second crash before repair: still suspect.
+	again := snapshot(t, crashed)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = openT(t, again, Options{})
+	if info, _ := c.Stat(dirty); !info.Suspect {
+		t.Fatalf("suspicion lost in a second crash")
+	}
+	// Repair, then a third crash: clean.
+	if err := c.Put(dirty, 9, data); err != nil {
+		t.Fatal(err)
+	}
+	third := snapshot(t, again)
+	c.Close()
+	c = openT(t, third, Options{})
+	defer c.Close()
+	if info, err := c.Stat(dirty); err != nil || info.Suspect || info.Version != 9 {
+		t.Fatalf("after Put and a crash: %+v %v", info, err)
+	}
+	got := make([]byte, len(data))
+	if _, err := c.ReadAt(dirty, got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("after Put: %v", err)
+	}
+}
+
+func TestClearSuspectAndRemove(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	a, b, lost := object.Make(3, 0), object.Make(3, 1), object.Make(3, 2)
+	for _, id := range []object.ID{a, b, lost} {
+		if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crashed := snapshot(t, dir)
+	// The crash lost lost's directory entry.
+	if err := os.Remove(filepath.Join(crashed, "objects", "00000003", "00000002")); err != nil {
+		t.Fatal(err)
+	}
+	c := openT(t, crashed, Options{})
+	defer c.Close()
+	if info, err := c.Stat(lost); err != nil || !info.Suspect {
+		t.Fatalf("stat of a suspect without a file: %+v %v", info, err)
+	}
+	if _, err := c.ReadAt(lost, make([]byte, 1), 0); !errors.Is(err, ErrSuspect) {
+		t.Fatalf("read of a suspect without a file: %v", err)
+	}
+	if infos, err := c.List(3); err != nil || len(infos) != 3 || !infos[2].Suspect {
+		t.Fatalf("List: %+v %v", infos, err)
+	}
+	if err := c.ClearSuspect(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadAt(a, make([]byte, 1), 0); err != nil {
+		t.Fatalf("read after ClearSuspect: %v", err)
+	}
+	if err := c.Remove(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stat(b); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("stat after Remove of a suspect: %v", err)
+	}
+	if err := c.Put(lost, 5, nil); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Stat(lost); err != nil || info.Suspect || info.Version != 5 {
+		t.Fatalf("after Put: %+v %v", info, err)
+	}
+}
