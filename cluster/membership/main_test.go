@@ -3,6 +3,7 @@ package membership
 import (
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -47,7 +48,7 @@ func newClient(t testing.TB, endpoints []string, prefix string) *Client {
 	if prefix == "" {
 		prefix = fmt.Sprintf("/t%d-%s/", prefixes.Add(1), strings.ReplaceAll(t.Name(), "/", "_"))
 	}
-	c, err := Connect(ctx, Config{Endpoints: endpoints, Prefix: prefix, DialTimeout: 2 * time.Second})
+	c, err := Connect(ctx, Config{Endpoints: endpoints, Prefix: prefix, DialTimeout: 2 * time.Second, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,4 +82,12 @@ func eventually(t testing.TB, d time.Duration, f func() error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// testLogger shows the package's logs under -v only.
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.Default()
+	}
+	return slog.New(slog.DiscardHandler)
 }
