@@ -110,9 +110,6 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		DialTimeout: cfg.DialTimeout,
 		TLS:         cfg.TLS,
 		Logger:      zap.NewNop(),
-		// Without these, a Get to a dead endpoint waits for ctx alone.
-		DialKeepAliveTime:    cfg.DialTimeout,
-		DialKeepAliveTimeout: cfg.DialTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("membership: connect to etcd %q: %w", cfg.Endpoints, err)

@@ -117,6 +117,9 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 // The caller owns the slice.
 func (m *Embedded) Endpoints() []string { return append([]string(nil), m.endpoints...) }
 
+// Err returns a channel that gets etcd's fatal errors while it runs.
+func (m *Embedded) Err() <-chan error { return m.e.Err() }
+
 // Close stops etcd and waits for it. A second call returns ErrClosed.
 func (m *Embedded) Close() error {
 	err := ErrClosed

@@ -58,5 +58,8 @@ func (k keys) parseEpochKey(key string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("membership: epoch key %q: %w", key, err)
 	}
+	if fmt.Sprintf("%016x", e) != s {
+		return 0, fmt.Errorf("membership: epoch key %q: want lower-case hex", key)
+	}
 	return e, nil
 }

@@ -3,7 +3,6 @@ package membership
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -163,8 +162,6 @@ func (c *Client) BreakLock(ctx context.Context, name string) (Lock, error) {
 			c.log.Warn("lock broken", "vdi", name, "holder", l.Holder, "token", l.Token)
 			return l, nil
 		}
-		if errors.Is(err, ErrNotLocked) {
-			return Lock{}, err
-		}
+		// The lock changed between the read and the delete: read again.
 	}
 }

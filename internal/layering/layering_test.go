@@ -92,6 +92,11 @@ func TestImportDirection(t *testing.T) {
 			func(p, dep string, direct bool) bool {
 				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
 			}},
+		{"cluster/membership, the only etcd client, imports neither the store, the gateway nor nbd",
+			func(p string) bool { return under(p, "cluster/membership") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "cluster/store") || under(dep, "cluster/gateway") || under(dep, "nbd"))
+			}},
 		{"nothing outside cmd imports cmd",
 			func(p string) bool { return !under(p, "cmd") },
 			func(p, dep string, direct bool) bool { return ours(dep) && under(dep, "cmd") }},

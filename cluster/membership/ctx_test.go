@@ -1,0 +1,5 @@
+package membership
+
+import "context"
+
+var ctx = context.Background()
