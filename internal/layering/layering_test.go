@@ -97,6 +97,29 @@ func TestImportDirection(t *testing.T) {
 			func(p, dep string, direct bool) bool {
 				return ours(dep) && (under(dep, "cluster/store") || under(dep, "cluster/gateway") || under(dep, "nbd"))
 			}},
+		{"cluster/object and cluster/placement are pure: the standard library's non-I/O packages and object only",
+			func(p string) bool { return under(p, "cluster/placement") || under(p, "cluster/object") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && !under(dep, "cluster/object") ||
+					direct && (slices.Contains(networkPackages, dep) || dep == "os" || dep == "time" || dep == "math/rand" || dep == "math/rand/v2" || dep == "crypto/rand" || dep == "syscall")
+			}},
+		{"cluster/protocol, the wire, imports no other cluster package but object, and not etcd",
+			func(p string) bool { return under(p, "cluster/protocol") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && under(dep, "cluster") && !under(dep, "cluster/object") || strings.HasPrefix(dep, "go.etcd.io/")
+			}},
+		{"cluster/store, one node's disk, imports no network, no etcd and no cluster package but object",
+			func(p string) bool { return under(p, "cluster/store") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && !under(dep, "cluster/object") || strings.HasPrefix(dep, "go.etcd.io/") ||
+					direct && slices.Contains(networkPackages, dep)
+			}},
+		{"cluster/gateway, a VDI as a device, imports neither etcd, membership, the store nor nbd",
+			func(p string) bool { return under(p, "cluster/gateway") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) && (under(dep, "cluster/membership") || under(dep, "cluster/store") || under(dep, "cluster/node") || under(dep, "nbd")) ||
+					strings.HasPrefix(dep, "go.etcd.io/")
+			}},
 		{"nothing outside cmd imports cmd",
 			func(p string) bool { return !under(p, "cmd") },
 			func(p, dep string, direct bool) bool { return ours(dep) && under(dep, "cmd") }},
