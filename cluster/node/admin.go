@@ -238,8 +238,6 @@ func (n *Node) self() NodeStatus {
 	s := NodeStatus{ID: n.id, Addr: n.Addr(), Zone: n.cfg.Zone, Weight: n.cfg.Weight, State: "up", Epoch: n.views.Epoch()}
 	if u, err := n.st.Usage(); err == nil {
 		s.Objects, s.Allocated, s.Free = u.Objects, u.Allocated, u.Free
-		n.m.Objects.Set(float64(u.Objects))
-		n.m.Allocated.Set(float64(u.Allocated))
 	} else {
 		s.Error = err.Error()
 	}

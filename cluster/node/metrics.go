@@ -1,11 +1,13 @@
 package node
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
 )
 
 // Metrics counts what reaches a node over the node-to-node protocol. The
@@ -18,10 +20,43 @@ type Metrics struct {
 	flushes    prometheus.Counter
 	bytesIn    prometheus.Counter
 	bytesOut   prometheus.Counter
-	Epoch      prometheus.Gauge
-	Objects    prometheus.Gauge
-	Allocated  prometheus.Gauge
 	Locks      prometheus.Gauge
+
+	reg prometheus.Registerer
+}
+
+// watchNode adds the gauges read from the node when scraped: its epoch,
+// and the objects and bytes its store holds (recounted at most every
+// 10 s: the count walks the store).
+func (m *Metrics) watchNode(n *Node) {
+	if m.reg == nil {
+		return
+	}
+	var (
+		mu   sync.Mutex
+		last time.Time
+		u    store.Usage
+	)
+	usage := func() store.Usage {
+		mu.Lock()
+		defer mu.Unlock()
+		if time.Since(last) > 10*time.Second {
+			if nu, err := n.st.Usage(); err == nil {
+				u, last = nu, time.Now()
+			}
+		}
+		return u
+	}
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_epoch", Help: "The membership epoch the node is at."},
+			func() float64 { return float64(n.views.Epoch()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_objects", Help: "Objects held."},
+			func() float64 { return float64(usage().Objects) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_allocated_bytes", Help: "Bytes the objects held take on disk."},
+			func() float64 { return float64(usage().Allocated) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_free_bytes", Help: "Free bytes on the store's filesystem."},
+			func() float64 { return float64(usage().Free) }),
+	)
 }
 
 // NewMetrics registers a node's metrics with reg.
@@ -46,13 +81,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ovis_node_read_bytes_total", Help: "Bytes read.",
 		}),
-		Epoch:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_epoch", Help: "The membership epoch the node is at."}),
-		Objects:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_objects", Help: "Objects held."}),
-		Allocated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_allocated_bytes", Help: "Bytes the objects held take on disk."}),
-		Locks:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
+		Locks: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
+		reg:   reg,
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Epoch, m.Objects, m.Allocated, m.Locks)
+		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks)
 	}
 	return m
 }

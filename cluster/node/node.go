@@ -180,6 +180,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.views, err = FollowViews(wctx, n.mc, n.log); err != nil {
 		return nil, err
 	}
+	n.m.watchNode(n)
 	n.pool = protocol.NewPool(nil)
 	n.vdis = newVDIs(n)
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}

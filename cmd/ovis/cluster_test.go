@@ -453,6 +453,14 @@ func TestClusterExternalEtcd(t *testing.T) {
 	}
 	n1.mustAdmin(t, "cluster", "check")
 
+	// Each node reports its epoch (3 joins: at least 3) and what it holds:
+	// 32 MiB written over 8 MiB regions, copies 3.
+	if got := nodeMetric(t, nodes, "ovis_node_epoch"); got < 9 {
+		t.Errorf("ovis_node_epoch sums to %v over 3 nodes, want each at 3 or more", got)
+	}
+	if got := nodeMetric(t, nodes, "ovis_node_objects"); got != 24 {
+		t.Errorf("ovis_node_objects sums to %v, want 8 objects × 3 copies", got)
+	}
 	// qemu-io's default cache mode is writethrough: every write is FUA.
 	sync0, flush0, writes0 := nodeMetric(t, nodes, "ovis_node_sync_writes_total"), nodeMetric(t, nodes, "ovis_node_flushes_total"), nodeMetric(t, nodes, `ovis_node_requests_total{op="write",status="ok"}`)
 	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 1 0 4k", "-c", "write -P 2 1M 4k", "-c", "write -P 3 9M 4k"); r.code != 0 {
