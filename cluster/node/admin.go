@@ -292,7 +292,7 @@ func (n *Node) readDevice(ctx context.Context, name string) (*gateway.Device, er
 		return nil, err
 	}
 	return gateway.Open(ctx, gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies,
-		ObjectShift: v.ObjectShift, Views: n.views, Net: n.pool, Local: n.id})
+		ObjectShift: v.ObjectShift, Views: n.views, Net: n.net, Local: n.id})
 }
 
 func (n *Node) adminRead(ctx context.Context, ar AdminRequest) (any, []byte, error) {

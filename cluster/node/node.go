@@ -96,6 +96,7 @@ type Node struct {
 	reg     *membership.Registration
 	views   *Views
 	pool    *protocol.Pool
+	net     *localCaller // the gateway's: in process to this node, the pool to others
 	psrv    *protocol.Server
 	plis    net.Listener
 	nsrv    *nbd.Server
@@ -184,6 +185,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.pool = protocol.NewPool(nil)
 	n.vdis = newVDIs(n)
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
+	n.net = &localCaller{self: n.plis.Addr().String(), h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
 	if cfg.NBD != "" || cfg.NBDListener != nil {
