@@ -56,8 +56,10 @@
 // # Cost
 //
 // Place is O(nodes) with one multiply-xorshift hash per node and no
-// allocation when dst has room: about 0.2 µs for 100 nodes and 2 µs for
-// 1,000 on the machine of docs/placement.md. New is O(n log n).
+// allocation when dst has room: 0.3 µs for 100 nodes (0.65 µs with
+// weights) and 1.5 µs for 1,000 on the machine of docs/placement.md.
+// New is O(n log n): 80 µs for 1,000 nodes. A Map holds about 40 bytes
+// per node besides the IDs.
 //
 // # Not done here
 //
