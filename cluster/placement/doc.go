@@ -47,9 +47,9 @@
 //     without zones, because a node's score does not depend on the other
 //     nodes. (Turning zones on, moving a node between zones or changing
 //     its weight is a change of several nodes at once.)
-//  5. A recovery planner tells which objects move between two maps by
-//     calling Place on both: an object moves if and only if the two
-//     answers differ as sets. After a join, it moves only if the new
+//  5. A recovery planner tells which objects move between two maps with
+//     Moved, which calls Place on both: an object moves if and only if
+//     the two answers differ as sets. After a join, it moves only if the new
 //     node is in its new set; after a leave, only if the old node was in
 //     its old set.
 //
