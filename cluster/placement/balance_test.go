@@ -83,3 +83,23 @@ func TestSimulation(t *testing.T) {
 	}
 	t.Log(tab)
 }
+
+// TestSimulationOneCopy repeats the balance columns with copies=1, the
+// setting of the quick simulation of Sheepdog's ring (1.07× at
+// 10 nodes, 1.29× at 1,000), which checks the baseline against it.
+func TestSimulationOneCopy(t *testing.T) {
+	objects := simObjects(t)
+	tab := &table{head: []string{"nodes", "objects", "layout", "fullest/mean", "emptiest/mean"}}
+	for _, n := range []int{10, 100, 1000} {
+		all := universe(n, nil, nil)
+		for _, k := range []kind{ovisKind, sheepKind} {
+			c := count(t, build(t, k, all, span(n)), all, objects, 1)
+			hi, lo := spread(c, span(n))
+			tab.add(n, objects, k.name, hi, lo)
+			if b := balanceBound(float64(objects) / float64(n)); k == ovisKind && hi > b {
+				t.Errorf("%d nodes, copies 1: fullest node holds %.4f× the mean, want ≤ %.4f", n, hi, b)
+			}
+		}
+	}
+	t.Log(tab)
+}

@@ -70,3 +70,16 @@ func BenchmarkNew(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNewRing measures building the rings of the comparison at
+// 1,000 nodes.
+func BenchmarkNewRing(b *testing.B) {
+	nodes := universe(1000, nil, nil)
+	for _, k := range []kind{sheepKind, ring4kKind} {
+		b.Run(fmt.Sprintf("nodes=1000/ring%d", k.vnodes), func(b *testing.B) {
+			for b.Loop() {
+				newRing(nodes, k.vnodes)
+			}
+		})
+	}
+}

@@ -40,14 +40,14 @@ type Node struct {
 //
 // A Map is immutable and safe for concurrent use.
 type Map struct {
-	nodes    []Node   // sorted by ID
-	seeds    []uint64 // seeds[i] is node i's hash seed
-	invW     []float64
-	maxW     float64
-	zoneOf   []int32 // dense zone index of node i; i itself without zones
-	zones    int
-	zoned    bool
-	weighted bool // weights differ: scores need the logarithm
+	nodes    []Node    // sorted by ID
+	seeds    []uint64  // seeds[i] is node i's hash seed
+	invW     []float64 // invW[i] is 1/weight of node i
+	maxW     float64   // the largest weight, for the weighted pre-test
+	zoneOf   []int32   // dense zone index of node i; i itself without zones
+	zones    int       // failure domains: distinct zones, or len(nodes)
+	zoned    bool      // some node has a non-zero zone
+	weighted bool      // weights differ: scores need the logarithm
 }
 
 // New builds the Map of nodes. The order of nodes does not matter. It
@@ -143,14 +143,8 @@ type cand struct {
 // allocates nothing when dst has room for copies more IDs; the strings
 // are the map's own and stay valid.
 func (m *Map) Place(id object.ID, copies int, dst []string) ([]string, error) {
-	if copies < 1 || copies > MaxCopies {
-		return dst, fmt.Errorf("placement: object %s: copies %d: want 1 to %d", id, copies, MaxCopies)
-	}
-	if copies > m.zones {
-		if m.zoned {
-			return dst, fmt.Errorf("placement: object %s: copies %d: only %d zones", id, copies, m.zones)
-		}
-		return dst, fmt.Errorf("placement: object %s: copies %d: only %d nodes", id, copies, m.zones)
+	if err := m.check(id, copies); err != nil {
+		return dst, err
 	}
 	var top [MaxCopies]cand
 	n := m.rank(id, copies, &top)
@@ -158,6 +152,20 @@ func (m *Map) Place(id object.ID, copies int, dst []string) ([]string, error) {
 		dst = append(dst, m.nodes[c.node].ID)
 	}
 	return dst, nil
+}
+
+// check returns the error of Place for copies, or nil.
+func (m *Map) check(id object.ID, copies int) error {
+	if copies < 1 || copies > MaxCopies {
+		return fmt.Errorf("placement: object %s: copies %d: want 1 to %d", id, copies, MaxCopies)
+	}
+	if copies > m.zones {
+		if m.zoned {
+			return fmt.Errorf("placement: object %s: copies %d: only %d zones", id, copies, m.zones)
+		}
+		return fmt.Errorf("placement: object %s: copies %d: only %d nodes", id, copies, m.zones)
+	}
+	return nil
 }
 
 // rank fills top with the best node of each of the copies best zones,

@@ -139,6 +139,9 @@ func TestPlaceAppends(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("Place allocates %.1f times per call with room in dst", allocs)
 		}
+		if allocs := testing.AllocsPerRun(100, func() { Moved(m, m, object.Make(5, 77), 3) }); allocs != 0 {
+			t.Errorf("Moved allocates %.1f times per call", allocs)
+		}
 	}
 }
 
@@ -178,4 +181,15 @@ var golden = []string{
 	"node-0000 node-0008 node-0005",
 	"node-0000 node-0002 node-0007",
 	"node-0000 node-0001 node-0005",
+}
+
+func TestMovedErrors(t *testing.T) {
+	big, _ := New(universe(5, nil, nil))
+	small, _ := New(universe(3, nil, nil))
+	if _, err := Moved(big, small, simID(1), 4); err == nil || !strings.Contains(err.Error(), "only 3 nodes") {
+		t.Errorf("Moved(copies 4 over 5 then 3 nodes): %v", err)
+	}
+	if moved, err := Moved(big, big, simID(1), 3); moved || err != nil {
+		t.Errorf("Moved(same map) = %v, %v", moved, err)
+	}
 }

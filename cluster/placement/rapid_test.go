@@ -185,6 +185,13 @@ func TestRapidMovement(t *testing.T) {
 					removed = append(removed, n)
 				}
 			}
+			moved, err := Moved(before, after, id, copies)
+			if err != nil || moved != (len(added) > 0) {
+				t.Fatalf("object %s: Moved = %v, %v; sets %q → %q", id, moved, err, a, b)
+			}
+			if back, _ := Moved(after, before, id, copies); back != moved {
+				t.Fatalf("object %s: Moved is not symmetric", id)
+			}
 			// Read as a join (before → after) and as a leave (after →
 			// before) of the same node.
 			if len(added) > 1 || len(added) != len(removed) || len(added) == 1 && added[0] != joiner.ID {

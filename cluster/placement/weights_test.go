@@ -76,12 +76,15 @@ func TestWeights(t *testing.T) {
 	} {
 		all := universe(c.n, nil, c.weight)
 		members := span(c.n)
-		for _, k := range []kind{ovisKind, sheepKind} {
+		for _, k := range []kind{ovisKind, sheepKind, ring4kKind} {
+			if k == ring4kKind && (raceEnabled || c.n > 100) {
+				continue // 4 M vnodes: slow to build, and only compared
+			}
 			cnt := count(t, build(t, k, all, members), all, objects, copies)
 			worst, at, over := shareError(cnt, all, members)
 			incl := maxInclusion(all, copies)
 			sigma := 1 / math.Sqrt(expected(cnt, all, members, at))
-			tab.add(c.n, c.name, fmt.Sprintf("%.0f %%", 100*incl), k.name, fmt.Sprintf("%.1f %%", 100*worst),
+			tab.add(c.n, c.name, fmt.Sprintf("%.1f %%", 100*incl), k.name, fmt.Sprintf("%.1f %%", 100*worst),
 				all[at].Weight, fmt.Sprintf("%.1f %%", 100*sigma), k == ovisKind && c.assert)
 			if k == ovisKind && c.assert && over > 1 {
 				t.Errorf("%d nodes, weights %s: node %s (weight %d) is %.2f %% off its share, %.2f× the bound",
