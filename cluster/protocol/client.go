@@ -105,6 +105,9 @@ func (c *Client) Call(ctx context.Context, req *Request, resp *Response) error {
 	if _, err := checkRequest(req); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return err // never sent
+	}
 	// The checksum is computed here, not by the writer, so that the
 	// callers' CRCs run in parallel and overlap the writes.
 	cl := &call{req: req, crc: Checksum(req.Payload), written: make(chan struct{}), done: make(chan struct{})}
@@ -289,10 +292,9 @@ func (c *Client) readLoop() {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			if err := c.conn.SetReadDeadline(time.Now().Add(ioTimeout)); err != nil {
-				c.fail(err)
-				return
-			}
+			// Deadline errors are left to the read: a net.Pipe refuses
+			// deadlines once its peer closed, with our bytes still to read.
+			c.conn.SetReadDeadline(time.Now().Add(ioTimeout))
 			var p []byte
 			if cl == nil {
 				// Abandoned (or never ours): skip the bytes without
@@ -305,9 +307,7 @@ func (c *Client) readLoop() {
 				}
 				p, err = readPayload(br, buf, n)
 			}
-			if err == nil {
-				err = c.conn.SetReadDeadline(time.Time{})
-			}
+			c.conn.SetReadDeadline(time.Time{})
 			if err != nil {
 				c.fail(fmt.Errorf("reading response handle %d payload of %d bytes: %w", resp.Handle, n, unexpected(err)))
 				if cl != nil {
