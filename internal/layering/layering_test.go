@@ -92,6 +92,9 @@ func TestImportDirection(t *testing.T) {
 			func(p, dep string, direct bool) bool {
 				return ours(dep) && (under(dep, "qcow2") || under(dep, "cluster"))
 			}},
+		{"cluster/protocol, the wire format, imports no ovis package but cluster/object",
+			func(p string) bool { return under(p, "cluster/protocol") },
+			func(p, dep string, direct bool) bool { return ours(dep) && !under(dep, "cluster/object") }},
 		{"nothing outside cmd imports cmd",
 			func(p string) bool { return !under(p, "cmd") },
 			func(p, dep string, direct bool) bool { return ours(dep) && under(dep, "cmd") }},
