@@ -667,3 +667,34 @@ func TestPeerStopsReading(t *testing.T) {
 		t.Fatalf("log: %s", ts.log.String())
 	}
 }
+
+// TestEchoPayload: a handler may answer with the request's payload
+// itself; the buffer is not reused before the reply is written.
+func TestEchoPayload(t *testing.T) {
+	noLeaks(t)
+	echo := HandlerFunc(func(ctx context.Context, req *Request, resp *Response) {
+		if req.Op == OpWrite {
+			resp.Payload = req.Payload
+		}
+	})
+	ts := startServer(t, "pipe", echo, ServerOptions{})
+	c := ts.client(t)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			p := make([]byte, 4096+i)
+			for j := range p {
+				p[j] = byte(i)
+			}
+			var resp Response
+			if err := c.Call(ctx, &Request{Op: OpWrite, Payload: p}, &resp); err != nil {
+				t.Error(err)
+				return
+			}
+			if string(resp.Payload) != string(p) {
+				t.Errorf("call %d: echo differs", i)
+			}
+		})
+	}
+	wg.Wait()
+}
