@@ -63,7 +63,8 @@
 // Order for callers: a Server is NewServer, then Serve on each listener
 // (wrapped with tls.NewListener for mutual TLS), then Shutdown. A
 // gateway makes one Pool (NewPool with nil, or TLSDialer), calls
-// Pool.Call per request, and Closes it.
+// Pool.Call per request, Drops the address of a node that left, and
+// Closes it.
 //
 // Not done here: what an op means to a store (the node's Handler
 // decides), epochs and fencing (carried, not checked), retries of
