@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ovis-storage/ovis/cluster/object"
 )
 
 // ioTimeout bounds a write to a peer and the read of a payload once its
@@ -59,7 +61,12 @@ const (
 
 // call is one request in flight.
 type call struct {
-	req    *Request
+	req *Request
+	// op, object and length are copied from req for the reader, which
+	// may still look at a call whose caller has left.
+	op     Op
+	object object.ID
+	length uint32
 	crc    uint32 // of req.Payload
 	handle uint64
 	state  atomic.Int32
@@ -105,9 +112,13 @@ func (c *Client) Call(ctx context.Context, req *Request, resp *Response) error {
 	if _, err := checkRequest(req); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return err // never sent
+	}
 	// The checksum is computed here, not by the writer, so that the
 	// callers' CRCs run in parallel and overlap the writes.
-	cl := &call{req: req, crc: Checksum(req.Payload), written: make(chan struct{}), done: make(chan struct{})}
+	cl := &call{req: req, op: req.Op, object: req.Object, length: req.Length, crc: Checksum(req.Payload),
+		written: make(chan struct{}), done: make(chan struct{})}
 	c.mu.Lock()
 	if err := c.mu.err; err != nil {
 		c.mu.Unlock()
@@ -240,7 +251,7 @@ func (c *Client) writeLoop() {
 			err = bw.Flush()
 		}
 		if err != nil {
-			c.fail(fmt.Errorf("writing %s request: %w", cl.req.Op, err))
+			c.fail(fmt.Errorf("writing %s request: %w", cl.op, err))
 			return
 		}
 	}
@@ -289,10 +300,9 @@ func (c *Client) readLoop() {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			if err := c.conn.SetReadDeadline(time.Now().Add(ioTimeout)); err != nil {
-				c.fail(err)
-				return
-			}
+			// Deadline errors are left to the read: a net.Pipe refuses
+			// deadlines once its peer closed, with our bytes still to read.
+			c.conn.SetReadDeadline(time.Now().Add(ioTimeout))
 			var p []byte
 			if cl == nil {
 				// Abandoned (or never ours): skip the bytes without
@@ -300,14 +310,12 @@ func (c *Client) readLoop() {
 				_, err = io.CopyN(io.Discard, br, int64(n))
 			} else {
 				var buf []byte
-				if cl.req.Op == OpRead && int(cl.req.Length) >= n {
+				if cl.op == OpRead && int(cl.length) >= n {
 					buf = make([]byte, n) // asked for: allocate at once
 				}
 				p, err = readPayload(br, buf, n)
 			}
-			if err == nil {
-				err = c.conn.SetReadDeadline(time.Time{})
-			}
+			c.conn.SetReadDeadline(time.Time{})
 			if err != nil {
 				c.fail(fmt.Errorf("reading response handle %d payload of %d bytes: %w", resp.Handle, n, unexpected(err)))
 				if cl != nil {
@@ -322,9 +330,9 @@ func (c *Client) readLoop() {
 			continue
 		}
 		if got := Checksum(resp.Payload); got != crc {
-			cl.err = fmt.Errorf("protocol: %s %s from %s: %w: crc32c %#08x, header says %#08x", cl.req.Op, cl.req.Object, c.peer, ErrChecksum, got, crc)
-		} else if cl.req.Op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(cl.req.Length) {
-			cl.err = fmt.Errorf("protocol: read %s from %s: %w: reply of %d bytes, asked for %d", cl.req.Object, c.peer, ErrMalformed, len(resp.Payload), cl.req.Length)
+			cl.err = fmt.Errorf("protocol: %s %s from %s: %w: crc32c %#08x, header says %#08x", cl.op, cl.object, c.peer, ErrChecksum, got, crc)
+		} else if cl.op == OpRead && resp.Status == StatusOK && len(resp.Payload) != int(cl.length) {
+			cl.err = fmt.Errorf("protocol: read %s from %s: %w: reply of %d bytes, asked for %d", cl.object, c.peer, ErrMalformed, len(resp.Payload), cl.length)
 		}
 		cl.resp = resp
 		close(cl.done)

@@ -41,11 +41,12 @@
 //     buffer larger than 4 MiB grows as its bytes arrive (at most twice
 //     what has come), and a server connection holds at most
 //     MaxInFlight requests and MaxInFlightBytes of payloads and read
-//     lengths in service; its reader waits for room before reading
-//     more. MaxConns bounds the connections.
+//     lengths in service, from the header read until the reply is in
+//     the connection's 64 KiB write buffer; its reader waits for room
+//     before reading more. MaxConns bounds the connections.
 //  5. No wait on a peer is unbounded once a message has started: a
-//     payload must arrive, and a write complete, within 30 s, else the
-//     connection ends. Idle connections are kept (ServerOptions.
+//     payload must arrive, and a write complete, within 30 s
+//     (ServerOptions.IOTimeout on a server), else the connection ends. Idle connections are kept (ServerOptions.
 //     IdleTimeout ends them if set).
 //  6. A Client's failed connection fails every pending call with an
 //     error wrapping ErrConnection that names the peer; ErrNotSent is
@@ -62,7 +63,8 @@
 // Order for callers: a Server is NewServer, then Serve on each listener
 // (wrapped with tls.NewListener for mutual TLS), then Shutdown. A
 // gateway makes one Pool (NewPool with nil, or TLSDialer), calls
-// Pool.Call per request, and Closes it.
+// Pool.Call per request, Drops the address of a node that left, and
+// Closes it.
 //
 // Not done here: what an op means to a store (the node's Handler
 // decides), epochs and fencing (carried, not checked), retries of

@@ -51,7 +51,8 @@ type Response struct {
 }
 
 // SetError sets the response to status s with msg as its message, cut
-// to MaxErrorMsg bytes. It drops any payload set before.
+// to MaxErrorMsg bytes. It drops any payload set before, writing the
+// message into its array.
 func (r *Response) SetError(s Status, msg string) {
 	r.Status = s
 	if len(msg) > MaxErrorMsg {

@@ -134,7 +134,7 @@ func (p *Pool) client(ctx context.Context, addr string) (*Client, error) {
 		// Under both locks, so that Close either sees the new Client or
 		// is seen to have run.
 		p.mu.Lock()
-		closed := p.mu.closed
+		closed := p.mu.closed || p.mu.peers[addr] != pe // closed, or dropped
 		pe.mu.Lock()
 		pe.dialing = nil
 		pe.dialErr = err
@@ -149,13 +149,35 @@ func (p *Pool) client(ctx context.Context, addr string) (*Client, error) {
 		}
 		if closed {
 			conn.Close()
-			return nil, ErrClosed
+			return nil, fmt.Errorf("protocol: peer %s: %w while dialing", addr, ErrClosed)
 		}
 	}
 }
 
+// Drop closes the kept connection to addr, if any, failing its pending
+// calls: for a node that left the cluster. A later call dials again; a
+// dial under way is closed when it ends and its call fails with an
+// error wrapping ErrClosed.
+func (p *Pool) Drop(addr string) {
+	p.mu.Lock()
+	pe := p.mu.peers[addr]
+	delete(p.mu.peers, addr)
+	p.mu.Unlock()
+	if pe == nil {
+		return
+	}
+	pe.mu.Lock()
+	c := pe.client
+	pe.client = nil
+	pe.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
 // Close closes every kept connection, failing their pending calls; later
-// calls return ErrClosed. A dial under way is closed when it ends. A
+// calls return ErrClosed. A dial under way is closed when it ends, and
+// its call fails with an error wrapping ErrClosed. A
 // second Close returns ErrClosed.
 func (p *Pool) Close() error {
 	p.mu.Lock()

@@ -147,3 +147,23 @@ func TestPoolDefaultDialer(t *testing.T) {
 		t.Fatalf("%v %+v", err, resp)
 	}
 }
+
+// TestPoolDrop: Drop closes the connection to an address; the next
+// call dials again.
+func TestPoolDrop(t *testing.T) {
+	noLeaks(t)
+	ts := startServer(t, "pipe", &echoHandler{}, ServerOptions{})
+	p := NewPool(ts.dial)
+	defer p.Close()
+	var resp Response
+	for round := 1; round <= 2; round++ {
+		if err := p.Call(ctx, ts.addr, &Request{Op: OpStat}, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if got := ts.pipe.dials.Load(); got != int32(round) {
+			t.Fatalf("round %d: %d dials", round, got)
+		}
+		p.Drop(ts.addr)
+	}
+	p.Drop("never-dialed")
+}

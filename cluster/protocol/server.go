@@ -18,7 +18,8 @@ import (
 // matched its checksum.
 //
 // Serve sets resp.Status, Epoch, Version and Payload; the server sets
-// Handle. req.Payload is valid only until Serve returns. On entry
+// Handle. req.Payload is valid only until Serve returns (resp.Payload
+// may be req.Payload itself, but no other slice of it). On entry
 // resp.Payload is an empty buffer with room for req.Length bytes for
 // OpRead, which Serve may fill (resp.Payload = resp.Payload[:n]); any
 // slice Serve sets instead is only read, until its response is written.
@@ -405,13 +406,23 @@ func (sc *serverConn) handle(req *Request, h requestHeader, cost int) {
 		}
 	}
 	resp.Handle = req.Handle
-	putBuf(req.Payload)
-	req.Payload = nil
-	if readBuf != nil && !sameArray(readBuf, resp.Payload) {
+	// The buffer the reply is written from is reused only after the
+	// write: the read buffer the handler filled, or the request's when
+	// the handler answers with it (an echo).
+	keep := readBuf
+	switch {
+	case sameArray(req.Payload, resp.Payload):
+		keep = req.Payload
 		putBuf(readBuf)
-		readBuf = nil
+	case sameArray(readBuf, resp.Payload):
+		putBuf(req.Payload)
+	default:
+		putBuf(req.Payload)
+		putBuf(readBuf)
+		keep = nil
 	}
-	sc.out <- outReply{resp: resp, cost: cost, buf: readBuf}
+	req.Payload = nil
+	sc.out <- outReply{resp: resp, cost: cost, buf: keep}
 }
 
 // check applies the op table to req; it returns StatusOK and "" when

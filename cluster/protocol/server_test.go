@@ -658,12 +658,43 @@ func TestPeerStopsReading(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("server still reading from a peer that reads nothing")
 	}
-	// One reply is being written when the writer blocks; the reader
-	// holds the rest.
-	if got := h.served.Load(); got > 4+1 {
-		t.Fatalf("%d requests served for a peer that read no reply; MaxInFlight 4", got)
+	// Replies wait in the writer's 64 KiB buffer, one is being written
+	// when the writer blocks, and MaxInFlight more are in service.
+	if got, max := h.served.Load(), int64(4+1+(64<<10)/(ResponseHeaderLen+4096)); got > max {
+		t.Fatalf("%d requests served for a peer that read no reply; MaxInFlight 4 allows %d", got, max)
 	}
 	if !strings.Contains(ts.log.String(), "protocol write") {
 		t.Fatalf("log: %s", ts.log.String())
 	}
+}
+
+// TestEchoPayload: a handler may answer with the request's payload
+// itself; the buffer is not reused before the reply is written.
+func TestEchoPayload(t *testing.T) {
+	noLeaks(t)
+	echo := HandlerFunc(func(ctx context.Context, req *Request, resp *Response) {
+		if req.Op == OpWrite {
+			resp.Payload = req.Payload
+		}
+	})
+	ts := startServer(t, "pipe", echo, ServerOptions{})
+	c := ts.client(t)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			p := make([]byte, 4096+i)
+			for j := range p {
+				p[j] = byte(i)
+			}
+			var resp Response
+			if err := c.Call(ctx, &Request{Op: OpWrite, Payload: p}, &resp); err != nil {
+				t.Error(err)
+				return
+			}
+			if string(resp.Payload) != string(p) {
+				t.Errorf("call %d: echo differs", i)
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -1,9 +1,12 @@
 package protocol
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -60,5 +63,46 @@ func FuzzServer(f *testing.F) {
 			}
 		}
 		<-wrote
+	})
+}
+
+// FuzzClient plays a hostile server: whatever bytes it answers with,
+// every call returns (with a response or an error), nothing panics and
+// the Client's goroutines end.
+func FuzzClient(f *testing.F) {
+	for _, r := range []*Response{
+		{Handle: 1, Payload: make([]byte, 16)},
+		{Handle: 2, Status: StatusNoEnt, Payload: []byte("gone")},
+		{Handle: 3, Payload: AppendObjectInfos(nil, []ObjectInfo{{ID: 1}})},
+	} {
+		var b bytes.Buffer
+		WriteResponse(&b, r)
+		f.Add(b.Bytes())
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a, b := net.Pipe()
+		go func() {
+			defer b.Close()
+			go io.Copy(io.Discard, b) // take the requests
+			b.Write(in)
+		}()
+		c := NewClient(a)
+		var wg sync.WaitGroup
+		for i, req := range []*Request{{Op: OpRead, Length: 16}, {Op: OpStat}, {Op: OpList}} {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				var resp Response
+				err := c.Call(cctx, req, &resp)
+				if errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("call %d hung", i)
+				}
+				if err == nil && req.Op == OpRead && len(resp.Payload) != 16 {
+					t.Errorf("read of 16 returned %d bytes", len(resp.Payload))
+				}
+			})
+		}
+		wg.Wait()
+		c.Close()
 	})
 }
