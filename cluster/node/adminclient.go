@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"syscall"
@@ -15,10 +16,14 @@ type AdminClient struct {
 	pool *protocol.Pool
 }
 
-// DialAdmin returns a client for the node at addr. It connects on first
-// use.
-func DialAdmin(addr string) *AdminClient {
-	return &AdminClient{addr: addr, pool: protocol.NewPool(nil)}
+// DialAdmin returns a client for the node at addr, over mutual TLS when
+// tlsCfg is not nil. It connects on first use.
+func DialAdmin(addr string, tlsCfg *tls.Config) *AdminClient {
+	var dial protocol.Dialer
+	if tlsCfg != nil {
+		dial = protocol.TLSDialer(tlsCfg)
+	}
+	return &AdminClient{addr: addr, pool: protocol.NewPool(dial)}
 }
 
 // Close closes the connection.

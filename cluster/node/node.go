@@ -27,6 +27,7 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -76,6 +77,11 @@ type Config struct {
 	DefaultVDI string
 	// Cache is the gateway's cache mode (ovis nbd's --cache).
 	Cache block.CacheMode
+	// TLSCert, TLSKey and TLSCA, when all set, make every node-to-node
+	// connection (and admin command) mutual TLS: the node presents the
+	// certificate and takes peers whose certificates the CA signed. The
+	// same client certificate is used for an external etcd at https URLs.
+	TLSCert, TLSKey, TLSCA string
 	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
 	// is about 2 s).
 	LeaseTTL time.Duration
@@ -165,13 +171,33 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		endpoints = n.embed.Endpoints()
 	}
-	if n.mc, err = membership.Connect(ctx, membership.Config{Endpoints: endpoints, Logger: n.log}); err != nil {
+	var serverTLS, clientTLS *tls.Config
+	switch {
+	case cfg.TLSCert != "" && cfg.TLSKey != "" && cfg.TLSCA != "":
+		if serverTLS, err = protocol.ServerTLS(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		if clientTLS, err = protocol.ClientTLS(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	case cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != "":
+		return nil, errors.New("node: TLS needs a certificate, its key and the CA, all three")
+	}
+	mcfg := membership.Config{Endpoints: endpoints, Logger: n.log}
+	if clientTLS != nil && len(cfg.Etcd) > 0 && strings.HasPrefix(cfg.Etcd[0], "https://") {
+		mcfg.TLS = clientTLS
+	}
+	if n.mc, err = membership.Connect(ctx, mcfg); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	if n.plis, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	warnOpen(n.log, n.plis.Addr(), "node-to-node")
+	if serverTLS != nil {
+		n.plis = tls.NewListener(n.plis, serverTLS)
+	} else {
+		warnOpen(n.log, n.plis.Addr(), "node-to-node")
+	}
 	n.reg, err = n.mc.Join(ctx, membership.NodeInfo{ID: n.id, Addr: n.plis.Addr().String(), Zone: cfg.Zone, Weight: cfg.Weight}, cfg.LeaseTTL)
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -182,7 +208,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.m.watchNode(n)
-	n.pool = protocol.NewPool(nil)
+	var dial protocol.Dialer
+	if clientTLS != nil {
+		dial = protocol.TLSDialer(clientTLS)
+	}
+	n.pool = protocol.NewPool(dial)
 	n.vdis = newVDIs(n)
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
 	n.net = &localCaller{self: n.plis.Addr().String(), h: h, pool: n.pool}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/node"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,11 +37,22 @@ const defaultAdmin = "127.0.0.1:7000"
 type adminFlags struct {
 	addr   string
 	output string
+	tls    tlsFlags
+}
+
+// tlsFlags are a node's or an admin command's mutual-TLS files.
+type tlsFlags struct{ cert, key, ca string }
+
+func (t *tlsFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&t.cert, "tls-cert", "", "mutual TLS between nodes: this side's certificate (PEM)")
+	cmd.Flags().StringVar(&t.key, "tls-key", "", "mutual TLS: the certificate's key (PEM)")
+	cmd.Flags().StringVar(&t.ca, "tls-ca", "", "mutual TLS: the CA that signs every node's certificate (PEM)")
 }
 
 func (f *adminFlags) add(cmd *cobra.Command) {
 	cmd.Flags().StringVarP(&f.addr, "address", "a", defaultAdmin, "a node's address (HOST:PORT)")
 	cmd.Flags().StringVar(&f.output, "output", "human", "output format: human or json")
+	f.tls.add(cmd)
 }
 
 // do runs one admin command against the node.
@@ -47,7 +60,14 @@ func (f *adminFlags) do(cmd *cobra.Command, ar node.AdminRequest, data []byte, o
 	if f.output != "human" && f.output != "json" {
 		return nil, fmt.Errorf("--output %q: want human or json", f.output)
 	}
-	c := node.DialAdmin(f.addr)
+	var tc *tls.Config
+	if f.tls.cert != "" || f.tls.key != "" || f.tls.ca != "" {
+		var err error
+		if tc, err = protocol.ClientTLS(f.tls.cert, f.tls.key, f.tls.ca); err != nil {
+			return nil, err
+		}
+	}
+	c := node.DialAdmin(f.addr, tc)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 	defer cancel()
@@ -98,6 +118,7 @@ func newNodeCmd() *cobra.Command {
 		cache    = block.CacheWriteback
 		metrics  string
 		logLevel string
+		tf       tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -115,6 +136,7 @@ func newNodeCmd() *cobra.Command {
 			}
 			cfg.Logger = log
 			cfg.Cache = cache
+			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = tf.cert, tf.key, tf.ca
 			if etcd != "" {
 				cfg.Etcd = strings.Split(etcd, ",")
 			}
@@ -170,6 +192,7 @@ func newNodeCmd() *cobra.Command {
 	f.DurationVar(&cfg.LeaseTTL, "lease", 5*time.Second, "the membership lease: a node that cannot renew it this long stops serving")
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
+	tf.add(cmd)
 	cmd.AddCommand(newNodeListCmd())
 	return cmd
 }
