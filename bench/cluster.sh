@@ -55,6 +55,18 @@ echo "# $(date -Is) ovis $(git -C "$(dirname "$0")/.." rev-parse --short HEAD), 
 
 # Fill the VDI once so that reads hit data on every replica.
 fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=100% >/dev/null 2>&1
+RBD="--ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --direct=1"
+if [ "$PEER" = ceph ]; then
+	# The peer's client without librbd's cache, as the peer's own
+	# reference figures were taken; the same range, filled the same way.
+	CEPH_PEER_DIR=${CEPH_PEER:-${TMPDIR:-/tmp}/ceph-peer}
+	sed 's/^rbd_cache = true/rbd_cache = false/' /etc/ceph/ceph.conf >"$TMP/ceph-nocache.conf"
+	export CEPH_CONF=$TMP/ceph-nocache.conf
+	ceph_pids=$(awk '$1 ~ /^(mon|mgr|osd)\./ {print $2}' "$CEPH_PEER_DIR/pids")
+	fio --name=fill $RBD --rw=write --bs=1M --iodepth=16 --size="$SIZE" >/dev/null 2>&1
+	echo "# peer: Ceph $(ceph --version | awk '{print $3}'), pool rbd size 3 on 3 OSDs on tmpfs (../shared/peers/ceph)"
+fi
+ceph_ticks() { local s=0; for p in $ceph_pids; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); s=$((s + $1 + $2)); done; echo "$s"; }
 
 node_ticks() { local s=0; for p in "${PIDS[@]}"; do set -- $(cut -d' ' -f14,15 "/proc/$p/stat"); s=$((s + $1 + $2)); done; echo "$s"; }
 node_rss() { for p in "${PIDS[@]}"; do awk '/VmRSS/ {printf "%d ", $2/1024}' "/proc/$p/status"; done; }
@@ -74,27 +86,29 @@ JOBS=(
 	"write-1m-qd1      --rw=write --bs=1M --iodepth=1"
 	"read-1m-qd1       --rw=read --bs=1M --iodepth=1"
 )
-RBD="--ioengine=rbd --clientname=admin --pool=rbd --rbdname=bench --direct=1"
 printf '%-18s %9s %9s %11s %s\n' job IOPS MB/s "cpu us/req" "runs (IOPS)"
 for job in "${JOBS[@]}"; do
 	name=${job%% *}; args=${job#* }
-	declare -a io=() bw=() cpu=() pio=() pbw=()
+	declare -a io=() bw=() cpu=() pio=() pbw=() pcpu=()
 	for _ in $(seq "$REPS"); do
 		t0=$(node_ticks)
-		read -r i b <<<"$(run_fio --ioengine=nbd --uri="$URI" $args)"
+		read -r i b <<<"$(run_fio --ioengine=nbd --uri="$URI" --size="$SIZE" $args)"
 		t1=$(node_ticks)
 		io+=("$i"); bw+=("$b")
 		cpu+=("$(python3 -c "n=$i*$RUNTIME; print(round(($t1-$t0)/$HZ*1e6/n,1) if n else 0)")")
 		if [ "$PEER" = ceph ]; then
-			read -r i b <<<"$(run_fio $RBD $args)"
+			t0=$(ceph_ticks)
+			read -r i b <<<"$(run_fio $RBD --size="$SIZE" $args)"
+			t1=$(ceph_ticks)
 			pio+=("$i"); pbw+=("$b")
+			pcpu+=("$(python3 -c "n=$i*$RUNTIME; print(round(($t1-$t0)/$HZ*1e6/n,1) if n else 0)")")
 		fi
 	done
 	mi=$(median "${io[@]}"); mb=$(median1 "${bw[@]}"); mc=$(median1 "${cpu[@]}")
 	printf '%-18s %9s %9s %11s (%s)\n' "$name" "$mi" "$mb" "$mc" "${io[*]}"
 	if [ "$PEER" = ceph ]; then
-		pi=$(median "${pio[@]}"); pb=$(median1 "${pbw[@]}")
-		printf '%-18s %9s %9s %11s (%s)  ovis/ceph %s\n' "  ceph rbd" "$pi" "$pb" "" "${pio[*]}" "$(ratio "$mi" "$pi")"
+		pi=$(median "${pio[@]}"); pb=$(median1 "${pbw[@]}"); pc=$(median1 "${pcpu[@]}")
+		printf '%-18s %9s %9s %11s (%s)  ovis/ceph %s\n' "  ceph rbd" "$pi" "$pb" "$pc" "${pio[*]}" "$(ratio "$mi" "$pi")"
 	fi
 done
 echo "node RSS (MiB): $(node_rss)"
