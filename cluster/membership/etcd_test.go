@@ -582,7 +582,7 @@ func TestLocks(t *testing.T) {
 		t.Fatalf("token %d, not above %d", l3.Token, l2.Token)
 	}
 	other.Close()
-	eventually(t, 2*MinTTL, func() error {
+	eventually(t, 3*MinTTL, func() error {
 		ls, err := c.Locks(ctx)
 		if err != nil || len(ls) != 0 {
 			return fmt.Errorf("locks %+v, %v", ls, err)

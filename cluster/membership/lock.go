@@ -98,7 +98,8 @@ func (c *Client) Unlock(ctx context.Context, l Lock) error {
 	if err != nil {
 		return fmt.Errorf("membership: unlock vdi %q: %w", l.Name, err)
 	}
-	if !resp.Succeeded {
+	// A zero token compares equal to a missing key: count the delete.
+	if !resp.Succeeded || resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return fmt.Errorf("membership: unlock vdi %q token %d: %w", l.Name, l.Token, ErrNotLocked)
 	}
 	return nil
