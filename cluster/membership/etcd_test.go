@@ -183,10 +183,10 @@ func TestEpochs(t *testing.T) {
 	start := time.Now()
 	clients[3].Close()
 	settle(t, base, 7, "n0", "n2", "n4")
-	if d := time.Since(start); d < MinTTL/2 {
+	if d := time.Since(start); d < testTTL/2 {
 		t.Fatalf("n3 dropped out after %v, before its lease could expire", d)
 	}
-	t.Logf("lease expiry noticed after %v (ttl %v)", time.Since(start).Round(10*time.Millisecond), MinTTL)
+	t.Logf("lease expiry noticed after %v (ttl %v)", time.Since(start).Round(10*time.Millisecond), testTTL)
 
 	// WaitEpoch returns at once for an old epoch and blocks for a new one.
 	if v, err := base.WaitEpoch(ctx, 3); err != nil || v.Epoch != 7 {
@@ -515,7 +515,7 @@ func TestLocks(t *testing.T) {
 	t.Parallel()
 	c, regs := formatted(t, 1, 0, 0)
 	other := newClient(t, shared.Endpoints(), c.k.prefix)
-	r3, err := other.Join(ctx, NodeInfo{ID: "n2", Addr: "n2:1"}, MinTTL)
+	r3, err := other.Join(ctx, NodeInfo{ID: "n2", Addr: "n2:1"}, testTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +582,7 @@ func TestLocks(t *testing.T) {
 		t.Fatalf("token %d, not above %d", l3.Token, l2.Token)
 	}
 	other.Close()
-	eventually(t, 3*MinTTL, func() error {
+	eventually(t, 2*testTTL, func() error {
 		ls, err := c.Locks(ctx)
 		if err != nil || len(ls) != 0 {
 			return fmt.Errorf("locks %+v, %v", ls, err)

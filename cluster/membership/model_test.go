@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
 	"pgregory.net/rapid"
@@ -27,7 +28,17 @@ func TestVDITableModel(t *testing.T) {
 	// Locks need only a live lease, which does not depend on the prefix:
 	// two registrations serve every run.
 	base := newClient(t, shared.Endpoints(), "")
-	regs := []*Registration{join(t, base, "n0", 0), join(t, base, "n1", 0)}
+	// Their lease is long: this test is about the table, not fencing,
+	// and it keeps etcd busy.
+	var regs []*Registration
+	for _, id := range []string{"n0", "n1"} {
+		r, err := base.Join(ctx, NodeInfo{ID: id, Addr: "x:1"}, 15*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Leave(ctx)
+		regs = append(regs, r)
+	}
 	rapid.Check(t, func(rt *rapid.T) {
 		runs++
 		c := newClient(t, shared.Endpoints(), fmt.Sprintf("/model-%d/", prefixes.Add(1)))
