@@ -550,11 +550,22 @@ func TestLocks(t *testing.T) {
 		t.Fatalf("Locks = %+v, %v", ls, err)
 	}
 
-	// Break: the next lock gets a higher token and the old holder can
-	// no longer unlock.
+	// Break: the holder hears of it, the next lock gets a higher token
+	// and the old holder can no longer unlock.
+	lost := c.LockLost(ctx, l1)
+	select {
+	case <-lost:
+		t.Fatal("LockLost closed while the lock is held")
+	case <-time.After(100 * time.Millisecond):
+	}
 	broken, err := c.BreakLock(ctx, "disk")
 	if err != nil || broken != l1 {
 		t.Fatalf("BreakLock = %+v, %v", broken, err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("LockLost did not close after BreakLock")
 	}
 	if _, err := c.BreakLock(ctx, "disk"); !errors.Is(err, ErrNotLocked) {
 		t.Fatalf("BreakLock of an unlocked vdi: %v", err)
@@ -572,6 +583,11 @@ func TestLocks(t *testing.T) {
 	if err := c.Unlock(ctx, l2); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-c.LockLost(ctx, l2):
+	case <-time.After(2 * time.Second):
+		t.Fatal("LockLost of a released lock did not close")
+	}
 
 	// A lock goes with its holder's lease: n2's client stops renewing.
 	l3, err := other.Lock(ctx, r3, "disk", "gw-n2")
@@ -581,7 +597,13 @@ func TestLocks(t *testing.T) {
 	if l3.Token <= l2.Token {
 		t.Fatalf("token %d, not above %d", l3.Token, l2.Token)
 	}
+	lost3 := c.LockLost(ctx, l3)
 	other.Close()
+	select {
+	case <-lost3:
+	case <-time.After(2 * testTTL):
+		t.Fatal("LockLost did not close when the holder's lease expired")
+	}
 	eventually(t, 2*testTTL, func() error {
 		ls, err := c.Locks(ctx)
 		if err != nil || len(ls) != 0 {
