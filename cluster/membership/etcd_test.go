@@ -204,6 +204,66 @@ func TestEpochs(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("WaitEpoch(8) did not return after a join")
 	}
+
+	// Trimming keeps the current epoch and everything from below on.
+	if n, err := base.TrimEpochs(ctx, 3); err != nil || n != 2 {
+		t.Fatalf("TrimEpochs(3) = %d, %v; want 2 deleted", n, err)
+	}
+	if _, err := base.EpochView(ctx, 2); !errors.Is(err, ErrNoEpoch) {
+		t.Fatalf("trimmed epoch 2: %v", err)
+	}
+	if v, err := base.EpochView(ctx, 3); err != nil || v.Epoch != 3 {
+		t.Fatalf("kept epoch 3: %+v, %v", v, err)
+	}
+	if _, err := base.TrimEpochs(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := base.Epochs(ctx, 1, 0); err != nil || len(vs) != 1 || vs[0].Epoch != 8 {
+		t.Fatalf("after trimming everything, %+v, %v; want the current epoch 8 alone", vs, err)
+	}
+	if v, err := base.View(ctx); err != nil || v.Epoch != 8 {
+		t.Fatalf("View after trimming: %+v, %v", v, err)
+	}
+}
+
+// TestConcurrentJoins joins five nodes at once: the history has no gap
+// and no duplicate, every epoch lists a live set that grows, and the
+// last lists all five.
+func TestConcurrentJoins(t *testing.T) {
+	t.Parallel()
+	base := newClient(t, shared.Endpoints(), "")
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for i := range 5 {
+		c := newClient(t, shared.Endpoints(), base.k.prefix)
+		wg.Go(func() {
+			r, err := c.Join(ctx, NodeInfo{ID: fmt.Sprintf("n%d", i), Addr: "x:1"}, testTTL)
+			if err != nil {
+				errs <- err
+				return
+			}
+			t.Cleanup(func() { r.Leave(ctx) })
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	vs := epochHistory(t, base)
+	if len(vs) == 0 || len(vs) > 5 {
+		t.Fatalf("%d epochs for 5 joins", len(vs))
+	}
+	for i := 1; i < len(vs); i++ {
+		if len(vs[i].Nodes) <= len(vs[i-1].Nodes) {
+			t.Fatalf("epoch %d lists %v after %v", vs[i].Epoch, ids(vs[i]), ids(vs[i-1]))
+		}
+	}
+	if last := vs[len(vs)-1]; len(last.Nodes) != 5 {
+		t.Fatalf("last epoch lists %v", ids(last))
+	}
+	t.Logf("5 concurrent joins made %d epochs", len(vs))
 }
 
 func TestWatch(t *testing.T) {
