@@ -203,7 +203,6 @@ func checkTable(rt *rapid.T, c *Client, model map[string]*modelVDI, holders []st
 	}
 }
 
-
 // TestReproUnlockUnlocked: Unlock of a VDI with no lock, with a zero
 // token, once succeeded, because create_revision == 0 also holds for a
 // missing key. Found by TestVDITableModel.
