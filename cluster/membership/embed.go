@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"sync"
 	"time"
@@ -25,6 +26,10 @@ type EmbedConfig struct {
 	// Endpoints reports the real one. The default is
 	// "http://127.0.0.1:2379".
 	ClientURL string
+	// AdvertiseClientURL is the URL other machines reach etcd at, when
+	// ClientURL listens on all addresses ("http://0.0.0.0:2379"). Port 0
+	// stands for the port ClientURL got. The default is ClientURL.
+	AdvertiseClientURL string
 	// PeerURL is where other members would connect. Port 0 is allowed.
 	// The default is "http://127.0.0.1:2380".
 	PeerURL string
@@ -41,9 +46,10 @@ type EmbedConfig struct {
 //
 // Safe for concurrent use. Release with Close.
 type Embedded struct {
-	e         *embed.Etcd
-	endpoints []string
-	once      sync.Once
+	e          *embed.Etcd
+	endpoints  []string
+	advertised string
+	once       sync.Once
 }
 
 // StartEmbedded starts etcd and returns once it serves clients, or
@@ -76,7 +82,13 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	ec.Name = cfg.Name
 	ec.Dir = cfg.Dir
 	ec.ListenClientUrls = []url.URL{*curl}
-	ec.AdvertiseClientUrls = []url.URL{*curl}
+	aurl := curl
+	if cfg.AdvertiseClientURL != "" {
+		if aurl, err = url.Parse(cfg.AdvertiseClientURL); err != nil {
+			return nil, fmt.Errorf("membership: embedded etcd: advertised client url %q: %w", cfg.AdvertiseClientURL, err)
+		}
+	}
+	ec.AdvertiseClientUrls = []url.URL{*aurl}
 	ec.ListenPeerUrls = []url.URL{*purl}
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
@@ -110,8 +122,22 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, errors.New("membership: embedded etcd: no client listener")
 	}
+	m.advertised = m.endpoints[0]
+	if cfg.AdvertiseClientURL != "" {
+		u := *aurl
+		if u.Port() == "0" {
+			_, port, _ := net.SplitHostPort(e.Clients[0].Addr().String())
+			u.Host = net.JoinHostPort(u.Hostname(), port)
+		}
+		m.advertised = u.String()
+	}
 	return m, nil
 }
+
+// AdvertisedURL returns the URL other machines connect to: the
+// AdvertiseClientURL (with the real port for port 0), or the first
+// endpoint.
+func (m *Embedded) AdvertisedURL() string { return m.advertised }
 
 // Endpoints returns the client URLs etcd serves, with the real ports.
 // The caller owns the slice.

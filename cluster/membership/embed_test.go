@@ -51,6 +51,25 @@ func TestEmbeddedRestart(t *testing.T) {
 	}
 }
 
+// TestEmbeddedAdvertised listens on one address and advertises a
+// name with port 0: the advertised URL gets the real port, and works.
+func TestEmbeddedAdvertised(t *testing.T) {
+	t.Parallel()
+	e, err := StartEmbedded(ctx, EmbedConfig{Dir: t.TempDir(), ClientURL: "http://127.0.0.1:0", AdvertiseClientURL: "http://localhost:0", PeerURL: "http://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	u := e.AdvertisedURL()
+	if !strings.HasPrefix(u, "http://localhost:") || strings.HasSuffix(u, ":0") {
+		t.Fatalf("AdvertisedURL = %q", u)
+	}
+	c := newClient(t, []string{u}, "")
+	if _, err := c.GetFormat(ctx); !errors.Is(err, ErrNotFormatted) {
+		t.Fatalf("GetFormat through %s: %v", u, err)
+	}
+}
+
 func TestStartEmbeddedErrors(t *testing.T) {
 	t.Parallel()
 	if _, err := StartEmbedded(ctx, EmbedConfig{}); err == nil {

@@ -185,6 +185,23 @@ func decodeView(b []byte) (View, error) {
 	return v, nil
 }
 
+// decodeHistory decodes an epochs/ record and checks that its key and
+// its epoch agree.
+func (c *Client) decodeHistory(key, value []byte) (View, error) {
+	e, err := c.k.parseEpochKey(string(key))
+	if err != nil {
+		return View{}, err
+	}
+	v, err := decodeView(value)
+	if err != nil {
+		return View{}, err
+	}
+	if v.Epoch != e {
+		return View{}, fmt.Errorf("membership: epoch record %s holds epoch %d", key, v.Epoch)
+	}
+	return v, nil
+}
+
 // View returns the current epoch, or ErrNoEpoch when no node ever
 // joined. The caller owns the returned slices.
 func (c *Client) View(ctx context.Context) (View, error) {
@@ -215,7 +232,7 @@ func (c *Client) EpochView(ctx context.Context, e uint64) (View, error) {
 	if len(resp.Kvs) == 0 {
 		return View{}, fmt.Errorf("membership: epoch %d: %w", e, ErrNoEpoch)
 	}
-	return decodeView(resp.Kvs[0].Value)
+	return c.decodeHistory(resp.Kvs[0].Key, resp.Kvs[0].Value)
 }
 
 // Epochs returns the kept epochs from..to inclusive (to 0: up to the
@@ -231,7 +248,7 @@ func (c *Client) Epochs(ctx context.Context, from, to uint64) ([]View, error) {
 	}
 	vs := make([]View, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		v, err := decodeView(kv.Value)
+		v, err := c.decodeHistory(kv.Key, kv.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -384,7 +401,7 @@ func (c *Client) watchEpochs(ctx context.Context, out chan<- View, last uint64, 
 				if ev.Type != clientv3.EventTypePut {
 					continue
 				}
-				v, err := decodeView(ev.Kv.Value)
+				v, err := c.decodeHistory(ev.Kv.Key, ev.Kv.Value)
 				if err != nil {
 					c.log.Warn("bad epoch record", "key", string(ev.Kv.Key), "err", err)
 					continue
@@ -416,7 +433,7 @@ func (c *Client) catchUp(ctx context.Context, last uint64, send func(View) bool)
 		return 0, fmt.Errorf("membership: get epochs after %d: %w", last, err)
 	}
 	for _, kv := range resp.Kvs {
-		v, err := decodeView(kv.Value)
+		v, err := c.decodeHistory(kv.Key, kv.Value)
 		if err != nil {
 			c.log.Warn("bad epoch record", "key", string(kv.Key), "err", err)
 			continue

@@ -183,10 +183,10 @@ func TestEpochs(t *testing.T) {
 	start := time.Now()
 	clients[3].Close()
 	settle(t, base, 7, "n0", "n2", "n4")
-	if d := time.Since(start); d < MinTTL/2 {
+	if d := time.Since(start); d < testTTL/2 {
 		t.Fatalf("n3 dropped out after %v, before its lease could expire", d)
 	}
-	t.Logf("lease expiry noticed after %v (ttl %v)", time.Since(start).Round(10*time.Millisecond), MinTTL)
+	t.Logf("lease expiry noticed after %v (ttl %v)", time.Since(start).Round(10*time.Millisecond), testTTL)
 
 	// WaitEpoch returns at once for an old epoch and blocks for a new one.
 	if v, err := base.WaitEpoch(ctx, 3); err != nil || v.Epoch != 7 {
@@ -204,6 +204,66 @@ func TestEpochs(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("WaitEpoch(8) did not return after a join")
 	}
+
+	// Trimming keeps the current epoch and everything from below on.
+	if n, err := base.TrimEpochs(ctx, 3); err != nil || n != 2 {
+		t.Fatalf("TrimEpochs(3) = %d, %v; want 2 deleted", n, err)
+	}
+	if _, err := base.EpochView(ctx, 2); !errors.Is(err, ErrNoEpoch) {
+		t.Fatalf("trimmed epoch 2: %v", err)
+	}
+	if v, err := base.EpochView(ctx, 3); err != nil || v.Epoch != 3 {
+		t.Fatalf("kept epoch 3: %+v, %v", v, err)
+	}
+	if _, err := base.TrimEpochs(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := base.Epochs(ctx, 1, 0); err != nil || len(vs) != 1 || vs[0].Epoch != 8 {
+		t.Fatalf("after trimming everything, %+v, %v; want the current epoch 8 alone", vs, err)
+	}
+	if v, err := base.View(ctx); err != nil || v.Epoch != 8 {
+		t.Fatalf("View after trimming: %+v, %v", v, err)
+	}
+}
+
+// TestConcurrentJoins joins five nodes at once: the history has no gap
+// and no duplicate, every epoch lists a live set that grows, and the
+// last lists all five.
+func TestConcurrentJoins(t *testing.T) {
+	t.Parallel()
+	base := newClient(t, shared.Endpoints(), "")
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for i := range 5 {
+		c := newClient(t, shared.Endpoints(), base.k.prefix)
+		wg.Go(func() {
+			r, err := c.Join(ctx, NodeInfo{ID: fmt.Sprintf("n%d", i), Addr: "x:1"}, testTTL)
+			if err != nil {
+				errs <- err
+				return
+			}
+			t.Cleanup(func() { r.Leave(ctx) })
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	vs := epochHistory(t, base)
+	if len(vs) == 0 || len(vs) > 5 {
+		t.Fatalf("%d epochs for 5 joins", len(vs))
+	}
+	for i := 1; i < len(vs); i++ {
+		if len(vs[i].Nodes) <= len(vs[i-1].Nodes) {
+			t.Fatalf("epoch %d lists %v after %v", vs[i].Epoch, ids(vs[i]), ids(vs[i-1]))
+		}
+	}
+	if last := vs[len(vs)-1]; len(last.Nodes) != 5 {
+		t.Fatalf("last epoch lists %v", ids(last))
+	}
+	t.Logf("5 concurrent joins made %d epochs", len(vs))
 }
 
 func TestWatch(t *testing.T) {
@@ -515,7 +575,7 @@ func TestLocks(t *testing.T) {
 	t.Parallel()
 	c, regs := formatted(t, 1, 0, 0)
 	other := newClient(t, shared.Endpoints(), c.k.prefix)
-	r3, err := other.Join(ctx, NodeInfo{ID: "n2", Addr: "n2:1"}, MinTTL)
+	r3, err := other.Join(ctx, NodeInfo{ID: "n2", Addr: "n2:1"}, testTTL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,11 +610,22 @@ func TestLocks(t *testing.T) {
 		t.Fatalf("Locks = %+v, %v", ls, err)
 	}
 
-	// Break: the next lock gets a higher token and the old holder can
-	// no longer unlock.
+	// Break: the holder hears of it, the next lock gets a higher token
+	// and the old holder can no longer unlock.
+	lost := c.LockLost(ctx, l1)
+	select {
+	case <-lost:
+		t.Fatal("LockLost closed while the lock is held")
+	case <-time.After(100 * time.Millisecond):
+	}
 	broken, err := c.BreakLock(ctx, "disk")
 	if err != nil || broken != l1 {
 		t.Fatalf("BreakLock = %+v, %v", broken, err)
+	}
+	select {
+	case <-lost:
+	case <-time.After(5 * time.Second):
+		t.Fatal("LockLost did not close after BreakLock")
 	}
 	if _, err := c.BreakLock(ctx, "disk"); !errors.Is(err, ErrNotLocked) {
 		t.Fatalf("BreakLock of an unlocked vdi: %v", err)
@@ -572,6 +643,11 @@ func TestLocks(t *testing.T) {
 	if err := c.Unlock(ctx, l2); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-c.LockLost(ctx, l2):
+	case <-time.After(2 * time.Second):
+		t.Fatal("LockLost of a released lock did not close")
+	}
 
 	// A lock goes with its holder's lease: n2's client stops renewing.
 	l3, err := other.Lock(ctx, r3, "disk", "gw-n2")
@@ -581,8 +657,14 @@ func TestLocks(t *testing.T) {
 	if l3.Token <= l2.Token {
 		t.Fatalf("token %d, not above %d", l3.Token, l2.Token)
 	}
+	lost3 := c.LockLost(ctx, l3)
 	other.Close()
-	eventually(t, 2*MinTTL, func() error {
+	select {
+	case <-lost3:
+	case <-time.After(2 * testTTL):
+		t.Fatal("LockLost did not close when the holder's lease expired")
+	}
+	eventually(t, 2*testTTL, func() error {
 		ls, err := c.Locks(ctx)
 		if err != nil || len(ls) != 0 {
 			return fmt.Errorf("locks %+v, %v", ls, err)

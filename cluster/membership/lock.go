@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -98,7 +99,8 @@ func (c *Client) Unlock(ctx context.Context, l Lock) error {
 	if err != nil {
 		return fmt.Errorf("membership: unlock vdi %q: %w", l.Name, err)
 	}
-	if !resp.Succeeded {
+	// A zero token compares equal to a missing key: count the delete.
+	if !resp.Succeeded || resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return fmt.Errorf("membership: unlock vdi %q token %d: %w", l.Name, l.Token, ErrNotLocked)
 	}
 	return nil
@@ -164,4 +166,50 @@ func (c *Client) BreakLock(ctx context.Context, name string) (Lock, error) {
 		}
 		// The lock changed between the read and the delete: read again.
 	}
+}
+
+// LockLost returns a channel closed once l is no longer the VDI's lock:
+// unlocked, broken, or gone with its lease. It is not closed when ctx
+// ends or the Client closes; the goroutine watching then just stops.
+// A gateway uses it to stop writing early, but the storage nodes'
+// token check is what fences it.
+func (c *Client) LockLost(ctx context.Context, l Lock) <-chan struct{} {
+	lost := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	started := c.goTracked(func() {
+		defer cancel()
+		stop := context.AfterFunc(c.bg, cancel)
+		defer stop()
+		lk := c.k.lock(l.VDI)
+		for ctx.Err() == nil {
+			resp, err := c.cli.Get(ctx, lk)
+			if err != nil {
+				select {
+				case <-time.After(200 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			if len(resp.Kvs) == 0 || uint64(resp.Kvs[0].CreateRevision) != l.Token {
+				close(lost)
+				return
+			}
+			wc := c.cli.Watch(ctx, lk, clientv3.WithRev(resp.Header.Revision+1))
+			for wr := range wc {
+				if wr.Err() != nil {
+					break // compacted or cancelled: read again
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == clientv3.EventTypeDelete || uint64(ev.Kv.CreateRevision) != l.Token {
+						close(lost)
+						return
+					}
+				}
+			}
+		}
+	})
+	if !started {
+		cancel()
+	}
+	return lost
 }

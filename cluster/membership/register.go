@@ -145,7 +145,9 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 		err = fmt.Errorf("membership: join %q: epoch %d does not list it: %w", n.ID, v.Epoch, ErrFenced)
 	}
 	if err != nil {
-		r.Leave(context.Background())
+		lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r.Leave(lctx)
+		cancel()
 		return nil, fmt.Errorf("membership: join %q: %w", n.ID, err)
 	}
 	c.log.Info("joined", "node", n.ID, "addr", n.Addr, "epoch", v.Epoch, "lease", fmt.Sprintf("%x", int64(g.ID)))
