@@ -66,7 +66,10 @@ type Config struct {
 	// EtcdListen and EtcdPeer are the embedded etcd's client and peer
 	// URLs (defaults http://127.0.0.1:2379 and :2380; port 0 picks one).
 	EtcdListen, EtcdPeer string
-	Zone, Weight         uint32
+	// EtcdAdvertise is the embedded etcd's URL as other machines reach
+	// it, when EtcdListen listens on every address; default EtcdListen.
+	EtcdAdvertise string
+	Zone, Weight  uint32
 	// NBD is the address the gateway serves VDIs on; empty serves none.
 	NBD string
 	// NBDListener, when set, is used instead of listening on NBD (so a
@@ -159,7 +162,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	endpoints := cfg.Etcd
 	if len(endpoints) == 0 {
 		ec := membership.EmbedConfig{Dir: filepath.Join(cfg.Dir, "etcd"), Name: n.id,
-			ClientURL: cfg.EtcdListen, PeerURL: cfg.EtcdPeer, Logger: n.log}
+			ClientURL: cfg.EtcdListen, AdvertiseClientURL: cfg.EtcdAdvertise, PeerURL: cfg.EtcdPeer, Logger: n.log}
 		if ec.ClientURL == "" {
 			ec.ClientURL = "http://127.0.0.1:2379"
 		}
@@ -312,7 +315,7 @@ func (n *Node) NBDAddr() string {
 // or the external cluster's).
 func (n *Node) EtcdEndpoints() []string {
 	if n.embed != nil {
-		return n.embed.Endpoints()
+		return []string{n.embed.AdvertisedURL()}
 	}
 	return append([]string(nil), n.cfg.Etcd...)
 }

@@ -185,6 +185,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&etcd, "etcd", "", "client URLs of an external etcd cluster, comma-separated (default: embed one)")
 	f.StringVar(&cfg.EtcdListen, "etcd-listen", "", "the embedded etcd's client URL (default http://127.0.0.1:2379)")
 	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "", "the embedded etcd's peer URL (default http://127.0.0.1:2380)")
+	f.StringVar(&cfg.EtcdAdvertise, "etcd-advertise", "", "the embedded etcd's URL as other machines reach it (when --etcd-listen is on 0.0.0.0)")
 	f.Uint32Var(&cfg.Zone, "zone", 0, "failure domain (copies go to distinct zones; 0: the node is its own)")
 	f.Uint32Var(&cfg.Weight, "weight", 1, "share of the objects, relative to the other nodes")
 	f.StringVar(&cfg.NBD, "nbd", "", "serve the VDIs over NBD on this address (HOST:PORT)")
