@@ -93,7 +93,7 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 	}
 	o.mu.Lock()
 	o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
-	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
@@ -136,7 +136,7 @@ func (s *Store) Put(id object.ID, version uint64, data []byte) error {
 	}
 	o.mu.Lock()
 	o.exists, o.version, o.hdrDone, o.suspect = true, version, version, false
-	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)

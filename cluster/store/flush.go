@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ovis-storage/ovis/cluster/object"
 )
 
@@ -138,18 +136,28 @@ const flushParallel = 8
 
 var errNeedSync = errors.New("needs sync")
 
-// syncFile fdatasyncs o's file; a failure makes the copy suspect.
+// syncFile fdatasyncs o's file; a failure makes the copy suspect. It
+// waits out Put, Remove and ClearSuspect (which swap or delete the file)
+// and counts as a user of o meanwhile, so that they never run beside it.
 func (s *Store) syncFile(o *obj) error {
-	fd, err := s.fds.get(o.id, o.path, false)
-	if errors.Is(err, unix.ENOENT) {
-		return nil // removed meanwhile: nothing to make durable
+	o.mu.Lock()
+	for o.excl {
+		o.cond.Wait()
 	}
+	if !o.exists {
+		o.mu.Unlock()
+		return nil
+	}
+	o.users++
+	o.mu.Unlock()
+	a := &access{o: o}
+	defer s.end(a)
+	fd, err := s.fds.get(o.id, o.path, false)
 	if err != nil {
 		return fmt.Errorf("store: flush: object %s: %w", o.id, err)
 	}
-	err = fdatasync(fd.fd)
-	s.fds.put(fd)
-	if err != nil {
+	a.fd = fd
+	if err := fdatasync(fd.fd); err != nil {
 		return s.failed(o, fmt.Errorf("store: flush: object %s: fdatasync: %w", o.id, err))
 	}
 	return nil
