@@ -12,7 +12,8 @@
 //     and creation before a first write
 //   - io.go: ReadAt, WriteAt, WriteZeroes, Discard, Extents
 //   - flush.go: Flush
-//   - admin.go: Remove, Put, ClearSuspect, Checksum, Stat, List, Usage
+//   - admin.go: Remove, RemoveVDI, Put, ClearSuspect, Checksum, Stat, List,
+//     Usage
 //   - header.go: the object file header
 //   - journal.go: the dirty journal, with group commit and compaction
 //   - fdcache.go: the LRU of open object files
