@@ -76,6 +76,7 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	if err := s.admit(o.v, token); err != nil {
 		return err
 	}
@@ -116,6 +117,7 @@ func (s *Store) Put(id object.ID, version uint64, data []byte) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	if err := s.ensureVDIDir(o.v); err != nil {
 		return err
 	}
@@ -199,6 +201,7 @@ func (s *Store) ClearSuspect(id object.ID) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	s.takeExcl(o)
 	defer s.dropExcl(o)
 	o.mu.Lock()
@@ -239,7 +242,9 @@ func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 		return 0, 0, err
 	}
 	defer s.ops.Done()
-	a, err := s.begin(s.obj(id), false, false)
+	o := s.obj(id)
+	defer s.release(o)
+	a, err := s.begin(o, false, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -291,6 +296,7 @@ func (s *Store) Stat(id object.ID) (Info, error) {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	o.mu.Lock()
 	s.loadLocked(o)
 	info := Info{ID: id, Version: o.version, Suspect: o.suspect}
@@ -432,6 +438,7 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 	defer func() {
 		for _, o := range objs {
 			s.dropExcl(o)
+			s.release(o)
 		}
 	}()
 	for _, o := range objs {

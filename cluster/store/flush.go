@@ -52,12 +52,22 @@ func (s *Store) flush(vdi object.VDI) error {
 // flushVDI syncs v's dirty objects and enqueues recClean for those left
 // clean; it returns the journal batch to wait for (0 for none).
 func (s *Store) flushVDI(v *vdiState) (uint64, error) {
+	// Referenced, so that none is forgotten (and loaded again as a second
+	// obj) while Flush works on it.
+	s.mu.Lock()
 	v.mu.Lock()
 	objs := make([]*obj, 0, len(v.journaled))
 	for _, o := range v.journaled {
+		o.refs++
 		objs = append(objs, o)
 	}
 	v.mu.Unlock()
+	s.mu.Unlock()
+	defer func() {
+		for _, o := range objs {
+			s.release(o)
+		}
+	}()
 
 	type pending struct {
 		o   *obj

@@ -23,6 +23,8 @@ type obj struct {
 	v    *vdiState
 	path string
 
+	refs int // callers holding the pointer; guarded by Store.mu
+
 	mu        sync.Mutex
 	cond      sync.Cond
 	loaded    bool
