@@ -31,6 +31,7 @@ const (
 	crashEnvDir      = "OVIS_STORE_CRASH_DIR"
 	crashEnvSeed     = "OVIS_STORE_CRASH_SEED"
 	crashEnvParallel = "OVIS_STORE_CRASH_PARALLEL"
+	crashEnvBreak    = "OVIS_STORE_CRASH_BREAK_JOURNAL"
 	crashSpan        = 1 << 20 // objects are written within their first MiB
 )
 
@@ -155,6 +156,7 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by TestCrash")
 	}
 	seed, _ := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
+	testBreakJournal = os.Getenv(crashEnvBreak) != ""
 	if err := crashChild(dir, seed, os.Getenv(crashEnvParallel) != ""); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(3)
@@ -246,6 +248,26 @@ func TestCrash(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("OVIS_STORE_CRASH_ROUNDS")); err == nil {
 		rounds = n
 	}
+	runCrash(t, rounds, false, t.Errorf)
+}
+
+// The harness proves itself: with the dirty record skipped on purpose,
+// it must report objects with unflushed writes that are not suspect.
+func TestCrashHarnessCatchesBrokenJournal(t *testing.T) {
+	var found []string
+	for range 4 {
+		runCrash(t, 2, true, func(format string, args ...any) {
+			found = append(found, fmt.Sprintf(format, args...))
+		})
+		if len(found) > 0 {
+			t.Logf("caught: %s", found[0])
+			return
+		}
+	}
+	t.Fatal("the crash harness did not notice writes made without a dirty record")
+}
+
+func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, ...any)) {
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -259,6 +281,9 @@ func TestCrash(t *testing.T) {
 		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(seed, 10))
 		if parallel {
 			cmd.Env = append(cmd.Env, crashEnvParallel+"=1")
+		}
+		if breakJournal {
+			cmd.Env = append(cmd.Env, crashEnvBreak+"=1")
 		}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
@@ -281,7 +306,7 @@ func TestCrash(t *testing.T) {
 			logs = []string{"log-1", "log-2"}
 		}
 		for _, l := range logs {
-			s, c, i := checkCrash(t, st, filepath.Join(dir, l), seed)
+			s, c, i := checkCrash(t, st, filepath.Join(dir, l), seed, errorf)
 			suspects += s
 			inflight += i
 			clean += c
@@ -294,7 +319,7 @@ func TestCrash(t *testing.T) {
 }
 
 // checkCrash replays the child's log and checks the reopened store.
-func checkCrash(t *testing.T, s *Store, logPath string, seed uint64) (suspects, exact, inflight int) {
+func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func(string, ...any)) (suspects, exact, inflight int) {
 	t.Helper()
 	f, err := os.Open(logPath)
 	if err != nil {
@@ -333,7 +358,7 @@ func checkCrash(t *testing.T, s *Store, logPath string, seed uint64) (suspects, 
 			continue
 		}
 		if got := s.Token(v); got < tok || got > after.tokens[v] {
-			t.Errorf("seed %d: vdi %d token %d, acknowledged %d", seed, v, got, tok)
+			errorf("seed %d: vdi %d token %d, acknowledged %d", seed, v, got, tok)
 		}
 	}
 	for id := range after.objs {
@@ -353,28 +378,28 @@ func checkCrash(t *testing.T, s *Store, logPath string, seed uint64) (suspects, 
 		if info.Suspect {
 			suspects++
 			if !o.touched && !(inFlight && after.objs[id].touched) {
-				t.Errorf("seed %d: object %s suspect, but every write to it was flushed (in flight: %v)", seed, id, inFlight)
+				errorf("seed %d: object %s suspect, but every write to it was flushed (in flight: %v)", seed, id, inFlight)
 			}
 			continue
 		}
 		if o.dirty && !inFlight && !flushing {
-			t.Errorf("seed %d: object %s has unflushed writes but is not suspect", seed, id)
+			errorf("seed %d: object %s has unflushed writes but is not suspect", seed, id)
 			continue
 		}
 		if inFlight {
 			inflight++
 			if !matches(s, id, o) && !matches(s, id, after.objs[id]) {
-				t.Errorf("seed %d: object %s matches neither the state before nor after the op in flight, %s", seed, id, pending)
+				errorf("seed %d: object %s matches neither the state before nor after the op in flight, %s", seed, id, pending)
 			}
 			continue
 		}
 		exact++
 		if !matches(s, id, o) {
-			t.Errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
+			errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
 		}
 	}
 	if ops == 0 {
-		t.Errorf("seed %d: the child acknowledged no operation", seed)
+		errorf("seed %d: the child acknowledged no operation", seed)
 	}
 	t.Logf("seed %d: %d operations acknowledged, then %v in flight", seed, ops, pending)
 	return suspects, exact, inflight

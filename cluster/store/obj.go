@@ -88,6 +88,10 @@ func (s *Store) readHeader(o *obj) (exists bool, version uint64, err error) {
 	return true, h.version, nil
 }
 
+// testBreakJournal, set only by the crash harness's self-test, skips the
+// dirty record before a first write: the harness must then fail.
+var testBreakJournal bool
+
 // access is a call's hold on an object; release with end.
 type access struct {
 	o       *obj
@@ -153,7 +157,7 @@ func (s *Store) prepLocked(o *obj) error {
 	o.prepping = true
 	needJ, needC := !o.journaled, !o.exists
 	var seq uint64
-	if needJ {
+	if needJ && !testBreakJournal {
 		seq = s.j.enqueue(record{key: uint64(o.id), op: recDirty})
 	}
 	o.mu.Unlock()
