@@ -17,6 +17,9 @@ import (
 // lengths are checked against it (ErrRange).
 const MaxObjectSize = 1 << object.MaxSizeShift
 
+// formatText is the content of DIR/FORMAT.
+const formatText = "ovis store 1\n"
+
 // Options configure a Store.
 type Options struct {
 	// MaxOpenFiles bounds the object files kept open. The default is 256.
@@ -115,8 +118,15 @@ func (s *Store) open() error {
 	}
 	formatPath := filepath.Join(s.dir, "FORMAT")
 	cleanPath := filepath.Join(s.dir, "CLEAN")
-	_, err = os.Stat(formatPath)
+	format, err := os.ReadFile(formatPath)
 	fresh := errors.Is(err, os.ErrNotExist)
+	switch {
+	case fresh:
+	case err != nil:
+		return fmt.Errorf("store: %w", err)
+	case string(format) != formatText:
+		return fmt.Errorf("store: %s: format %q, want %q: %w", formatPath, format, formatText, ErrCorrupt)
+	}
 	_, err = os.Stat(cleanPath)
 	clean := err == nil
 	if s.j, err = openJournal(s.dir); err != nil {
@@ -141,7 +151,7 @@ func (s *Store) open() error {
 		return fmt.Errorf("store: journal: %w", err)
 	}
 	if fresh {
-		if err := writeFileSync(formatPath, []byte("ovis store 1\n")); err != nil {
+		if err := writeFileSync(formatPath, []byte(formatText)); err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
