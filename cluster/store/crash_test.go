@@ -32,6 +32,7 @@ const (
 	crashEnvSeed     = "OVIS_STORE_CRASH_SEED"
 	crashEnvParallel = "OVIS_STORE_CRASH_PARALLEL"
 	crashEnvBreak    = "OVIS_STORE_CRASH_BREAK_JOURNAL"
+	crashEnvOps      = "OVIS_STORE_CRASH_OPS" // stop after this many operations
 	crashSpan        = 1 << 20 // objects are written within their first MiB
 )
 
@@ -102,7 +103,11 @@ func crashWorker(s *Store, logPath string, seed uint64, vdis []object.VDI, flush
 	}
 	r := rand.New(rand.NewPCG(seed, 1))
 	tokens := map[object.VDI]uint64{1: 1, 2: 1}
+	limit, _ := strconv.Atoi(os.Getenv(crashEnvOps))
 	for i := 0; ; i++ {
+		if limit > 0 && i == limit {
+			return nil
+		}
 		vdi := vdis[r.IntN(len(vdis))]
 		op := crashOp{vdi: vdi, id: object.Make(vdi, uint32(r.IntN(4))), token: tokens[vdi], seed: r.Uint64()}
 		op.off = r.Int64N(crashSpan)
