@@ -33,7 +33,7 @@ const (
 	crashEnvParallel = "OVIS_STORE_CRASH_PARALLEL"
 	crashEnvBreak    = "OVIS_STORE_CRASH_BREAK_JOURNAL"
 	crashEnvOps      = "OVIS_STORE_CRASH_OPS" // stop after this many operations
-	crashSpan        = 1 << 20 // objects are written within their first MiB
+	crashSpan        = 1 << 20                // objects are written within their first MiB
 )
 
 // crashOp is one operation of the child, as logged: a "begin" line
