@@ -24,7 +24,10 @@ import (
 //     that ended before the write began;
 //  2. no CLEAN record for an object is written unless, after its last
 //     write ended, an fdatasync of its file began and ended, or the file
-//     was unlinked or renamed over.
+//     was unlinked or renamed over;
+//  3. no CLEAN record for an object is written unless, after its file
+//     was created (open with O_CREAT, or renamed into place), an fsync of
+//     its directory began and ended, or the file was unlinked.
 //
 // These are the orderings a power loss would punish.
 func TestSyscallOrder(t *testing.T) {
@@ -42,7 +45,7 @@ func TestSyscallOrder(t *testing.T) {
 		dir, trace = d, filepath.Join(d, "trace")
 	}
 	cmd := exec.CommandContext(ctx, strace, "-f", "-qq", "-y", "-xx", "-s", "8192", "-o", trace,
-		"-e", "trace=pwrite64,fallocate,fdatasync,fsync,rename,renameat,unlink,unlinkat",
+		"-e", "trace=openat,pwrite64,fallocate,fdatasync,fsync,rename,renameat,unlink,unlinkat",
 		bin, "-test.run=^TestCrashChild$")
 	cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"=7", crashEnvOps+"=250")
 	if os.Getenv("OVIS_STORE_TRACE_DIR") == "" {
@@ -71,6 +74,7 @@ func TestSyscallOrder(t *testing.T) {
 // call is one traced system call: where it began and ended in the trace.
 type call struct {
 	name, path, path2 string
+	creat             bool // openat with O_CREAT
 	data              []byte
 	entry, exit       int
 	ok                bool
@@ -137,6 +141,11 @@ func parseTrace(path string) ([]*call, error) {
 			if len(strs) > 0 {
 				c.data = unhex(strs[0][1])
 			}
+		case "openat":
+			if ps := tracePath.FindAllStringSubmatch(args, -1); len(ps) > 0 {
+				c.path = string(unhex(ps[0][1]))
+			}
+			c.creat = strings.Contains(args, "O_CREAT")
 		case "rename", "renameat", "unlink", "unlinkat":
 			// Paths are strings, relative to a dir fd or absolute.
 			var ps []string
@@ -160,6 +169,10 @@ func parseTrace(path string) ([]*call, error) {
 		}
 	}
 	return calls, sc.Err()
+}
+
+func objectPath(root string, id object.ID) string {
+	return filepath.Join(root, "objects", fmt.Sprintf("%08x", uint32(id.VDI())), fmt.Sprintf("%08x", id.Index()))
 }
 
 type orderCounts struct{ objWrites, dirties, cleans int }
@@ -217,6 +230,9 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 		lastW    = map[object.ID]int{} // exit of the last write
 		syncedAt = map[object.ID]int{} // exit of an fdatasync that began after lastW
 		gone     = map[object.ID]int{} // unlink or rename over, after lastW
+		created  = map[object.ID]int{} // exit of the file's creation
+		dirSync  = map[string]int{}    // dir → entry of the last fsync that ended
+		unlinked = map[object.ID]int{} // exit of its unlink
 		syncFrom = map[*call]int{}     // for object syncs: lastW when they began
 		jsync    = map[*call][]record{}
 	)
@@ -239,6 +255,10 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 					w, wrote := lastW[oid]
 					if wrote && syncedAt[oid] <= w && gone[oid] <= w {
 						errs = append(errs, fmt.Sprintf("line %d: CLEAN for %s written, but its write ending at line %d was never synced", c.entry, oid, w))
+					}
+					dir := filepath.Dir(objectPath(root, oid))
+					if cr, ok := created[oid]; ok && dirSync[dir] <= cr && unlinked[oid] <= cr {
+						errs = append(errs, fmt.Sprintf("line %d: CLEAN for %s written, but its directory entry made at line %d was never synced", c.entry, oid, cr))
 					}
 				}
 			}
@@ -275,6 +295,12 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 			if syncFrom[c] == lastW[id] { // nothing written meanwhile
 				syncedAt[id] = e.at + 1
 			}
+		case c.name == "openat" && c.creat && isObj && e.exit:
+			created[id] = e.at
+		case c.name == "fsync" && !isObj && !e.exit:
+			syncFrom[c] = e.at
+		case c.name == "fsync" && !isObj && e.exit:
+			dirSync[c.path] = syncFrom[c]
 		case c.name == "unlink" || c.name == "unlinkat" || c.name == "rename" || c.name == "renameat":
 			target := c.path
 			if strings.HasPrefix(c.name, "rename") {
@@ -282,6 +308,11 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 			}
 			if tid, ok := objectOf(root, target); ok && e.exit {
 				gone[tid] = e.at + 1
+				if strings.HasPrefix(c.name, "rename") {
+					created[tid] = e.at
+				} else {
+					unlinked[tid] = e.at + 1
+				}
 			}
 		}
 	}
@@ -305,16 +336,20 @@ func TestCheckOrderCatches(t *testing.T) {
 		return &call{name: name, path: path, data: data, entry: line, exit: line, ok: true}
 	}
 	calls := []*call{
+		{name: "openat", path: pa, creat: true, ok: true},
 		c("pwrite64", root+"/journal", rec(a, recDirty)),
 		c("fdatasync", root+"/journal", nil),
 		c("pwrite64", pa, []byte("x")),                   // fine
 		c("pwrite64", pb, []byte("x")),                   // no DIRTY for b
 		c("pwrite64", root+"/journal", rec(a, recClean)), // a never synced
 		c("fdatasync", pa, nil),
+		c("pwrite64", root+"/journal", rec(a, recClean)), // directory never synced
+		c("fsync", root+"/objects/00000001", nil),
 		c("pwrite64", root+"/journal", rec(a, recClean)), // fine now
 	}
 	_, errs := checkOrder(calls, root)
-	if len(errs) != 2 || !strings.Contains(errs[0], "before a durable DIRTY") || !strings.Contains(errs[1], "never synced") {
-		t.Fatalf("checker found %q, want the two planted faults", errs)
+	if len(errs) != 4 || !strings.Contains(errs[0], "before a durable DIRTY") || !strings.Contains(errs[1], "was never synced") ||
+		!strings.Contains(errs[3], "directory entry") {
+		t.Fatalf("checker found %q, want the planted faults", errs)
 	}
 }
