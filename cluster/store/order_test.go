@@ -47,7 +47,11 @@ func TestSyscallOrder(t *testing.T) {
 	cmd := exec.CommandContext(ctx, strace, "-f", "-qq", "-y", "-xx", "-s", "8192", "-o", trace,
 		"-e", "trace=openat,pwrite64,fallocate,fdatasync,fsync,rename,renameat,unlink,unlinkat",
 		bin, "-test.run=^TestCrashChild$")
-	cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"=7", crashEnvOps+"=250")
+	ops := "250"
+	if raceEnabled {
+		ops = "40"
+	}
+	cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"=7", crashEnvOps+"="+ops)
 	if os.Getenv("OVIS_STORE_TRACE_DIR") == "" {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("child under strace: %v\n%s", err, out)
