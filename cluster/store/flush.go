@@ -130,7 +130,7 @@ func (s *Store) flushVDI(v *vdiState) (uint64, error) {
 		if p.gen > o.syncedGen {
 			o.syncedGen = p.gen
 		}
-		if o.journaled && !o.suspect && !o.prepping && !o.excl && o.users == 0 && o.dirtyGen == o.syncedGen && o.createGen <= v.dirSynced {
+		if o.journaled && !o.suspect && !o.prepping && !o.excl && o.writers == 0 && o.dirtyGen == o.syncedGen && o.createGen <= v.dirSynced {
 			o.journaled = false
 			seq = s.j.enqueue(record{key: uint64(o.id), op: recClean})
 			delete(v.journaled, o.id)

@@ -36,6 +36,7 @@ type obj struct {
 	prepping  bool   // one writer journals or creates
 	excl      bool   // Put, Remove or ClearSuspect owns the object
 	users     int    // calls using the file
+	writers   int    // of them, mutating calls: the copy is in flux
 	createGen uint64 // vdiState.dirGen when the file was created
 	dirtyGen  uint64 // bumped by every acknowledged unsynced mutation
 	syncedGen uint64 // dirtyGen covered by an fdatasync
@@ -95,6 +96,7 @@ var testBreakJournal bool
 // access is a call's hold on an object; release with end.
 type access struct {
 	o       *obj
+	mutate  bool
 	fd      *fdEntry
 	version uint64
 	created bool
@@ -132,9 +134,10 @@ func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
 			return nil, err
 		}
 	}
-	a := &access{o: o}
+	a := &access{o: o, mutate: mutate}
 	o.users++
 	if mutate {
+		o.writers++
 		o.version++
 		a.version = o.version
 	} else {
@@ -219,6 +222,9 @@ func (s *Store) end(a *access) {
 	}
 	o := a.o
 	o.mu.Lock()
+	if a.mutate {
+		o.writers--
+	}
 	if o.users--; o.users == 0 {
 		o.cond.Broadcast()
 	}

@@ -216,3 +216,27 @@ func TestHostileFiles(t *testing.T) {
 		t.Fatal("Open with MaxOpenFiles -1 succeeded")
 	}
 }
+
+// A read running during a Flush does not keep the object journaled.
+func TestFlushDuringRead(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	id := object.Make(1, 0)
+	if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.begin(s.obj(id), false, false) // a read in progress
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(1); err != nil {
+		t.Fatal(err)
+	}
+	s.end(a)
+	c := openT(t, snapshot(t, dir), Options{})
+	defer c.Close()
+	if info, err := c.Stat(id); err != nil || info.Suspect {
+		t.Fatalf("flushed object read during the Flush: %+v %v", info, err)
+	}
+}
