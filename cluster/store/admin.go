@@ -212,7 +212,13 @@ func (s *Store) ClearSuspect(id object.ID) error {
 		if err != nil {
 			return fmt.Errorf("store: object %s: %w", id, err)
 		}
-		err = fdatasync(fd.fd)
+		o.mu.Lock()
+		a := &access{o: o, fd: fd, version: o.version}
+		o.mu.Unlock()
+		err = s.writeHeader(a)
+		if err == nil {
+			err = fdatasync(fd.fd)
+		}
 		s.fds.put(fd)
 		if err != nil {
 			return fmt.Errorf("store: object %s: fdatasync: %w", id, err)

@@ -159,14 +159,17 @@ func (s *Store) syncFile(o *obj) error {
 		return nil
 	}
 	o.users++
+	a := &access{o: o, version: o.version}
 	o.mu.Unlock()
-	a := &access{o: o}
 	defer s.end(a)
 	fd, err := s.fds.get(o.id, o.path, false)
 	if err != nil {
 		return fmt.Errorf("store: flush: object %s: %w", o.id, err)
 	}
 	a.fd = fd
+	if err := s.writeHeader(a); err != nil { // plain writes leave it to Flush
+		return s.failed(o, fmt.Errorf("store: flush: %w", err))
+	}
 	if err := fdatasync(fd.fd); err != nil {
 		return s.failed(o, fmt.Errorf("store: flush: object %s: fdatasync: %w", o.id, err))
 	}

@@ -89,14 +89,16 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 	if err := op(a.fd.fd); err != nil {
 		return 0, s.failed(o, fmt.Errorf("store: object %s: at %d+%d: %w", id, off, n, noSpace(err)))
 	}
-	if err := s.writeHeader(a); err != nil {
-		return 0, s.failed(o, err)
-	}
 	if !sync {
+		// The header waits for the Flush that makes this durable: until
+		// then the object is journaled, and suspect after a crash.
 		o.mu.Lock()
 		o.dirtyGen++
 		o.mu.Unlock()
 		return a.version, nil
+	}
+	if err := s.writeHeader(a); err != nil {
+		return 0, s.failed(o, err)
 	}
 	if err := s.syncObject(a); err != nil {
 		return 0, s.failed(o, err)
