@@ -76,6 +76,7 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	if err := s.admit(o.v, token); err != nil {
 		return err
 	}
@@ -93,7 +94,7 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 	}
 	o.mu.Lock()
 	o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
-	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
@@ -116,6 +117,7 @@ func (s *Store) Put(id object.ID, version uint64, data []byte) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	if err := s.ensureVDIDir(o.v); err != nil {
 		return err
 	}
@@ -136,7 +138,7 @@ func (s *Store) Put(id object.ID, version uint64, data []byte) error {
 	}
 	o.mu.Lock()
 	o.exists, o.version, o.hdrDone, o.suspect = true, version, version, false
-	o.dirtyGen, o.syncedGen, o.createGen = 0, 0, 0
+	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
@@ -199,6 +201,7 @@ func (s *Store) ClearSuspect(id object.ID) error {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	s.takeExcl(o)
 	defer s.dropExcl(o)
 	o.mu.Lock()
@@ -209,7 +212,13 @@ func (s *Store) ClearSuspect(id object.ID) error {
 		if err != nil {
 			return fmt.Errorf("store: object %s: %w", id, err)
 		}
-		err = fdatasync(fd.fd)
+		o.mu.Lock()
+		a := &access{o: o, fd: fd, version: o.version}
+		o.mu.Unlock()
+		err = s.writeHeader(a)
+		if err == nil {
+			err = fdatasync(fd.fd)
+		}
 		s.fds.put(fd)
 		if err != nil {
 			return fmt.Errorf("store: object %s: fdatasync: %w", id, err)
@@ -239,7 +248,9 @@ func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 		return 0, 0, err
 	}
 	defer s.ops.Done()
-	a, err := s.begin(s.obj(id), false, false)
+	o := s.obj(id)
+	defer s.release(o)
+	a, err := s.begin(o, false, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -291,6 +302,7 @@ func (s *Store) Stat(id object.ID) (Info, error) {
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	o.mu.Lock()
 	s.loadLocked(o)
 	info := Info{ID: id, Version: o.version, Suspect: o.suspect}
@@ -399,4 +411,82 @@ func (s *Store) Usage() (Usage, error) {
 	}
 	u.Free = int64(st.Bavail) * int64(st.Bsize)
 	return u, nil
+}
+
+// RemoveVDI deletes every object of vdi, durably: the VDI's directory is
+// renamed into dir/tmp in one step (and both directories synced), then
+// deleted. Suspect copies of the VDI go too. Calls racing with it on the
+// VDI's objects may fail; the caller stops writing a VDI before it
+// deletes it. It returns ErrStaleToken.
+func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
+	if vdi == 0 {
+		return fmt.Errorf("store: remove vdi: vdi 0 is no VDI: %w", ErrRange)
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	v := s.vdi(vdi)
+	if err := s.admit(v, token); err != nil {
+		return err
+	}
+	defer v.done(token)
+	ids, err := s.listIDs(vdi)
+	if err != nil {
+		return err
+	}
+	objs := make([]*obj, 0, len(ids))
+	for _, id := range ids {
+		o := s.obj(id)
+		s.takeExcl(o)
+		objs = append(objs, o)
+	}
+	defer func() {
+		for _, o := range objs {
+			s.dropExcl(o)
+			s.release(o)
+		}
+	}()
+	for _, o := range objs {
+		s.fds.drop(o.id)
+	}
+	gone := filepath.Join(s.tmpDir, fmt.Sprintf("vdi-%08x", uint32(vdi)))
+	err = os.Rename(s.vdiDir(vdi), gone)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
+	default:
+		if err := syncDir(s.objDir); err != nil {
+			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
+		}
+		if err := syncDir(s.tmpDir); err != nil {
+			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
+		}
+	}
+	v.mu.Lock()
+	v.dirMade = false
+	v.mu.Unlock()
+	var seq uint64
+	for _, o := range objs {
+		o.mu.Lock()
+		o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
+		o.syncedGen, o.createGen = o.dirtyGen, 0
+		if q := s.forgetLocked(o); q > 0 {
+			seq = q
+		}
+		o.mu.Unlock()
+		o.v.mu.Lock()
+		delete(o.v.journaled, o.id)
+		o.v.mu.Unlock()
+	}
+	if seq > 0 {
+		if err := s.j.wait(seq); err != nil {
+			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
+		}
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		s.log.Warn("store: removed vdi left files", "vdi", uint32(vdi), "err", err) // Open removes them
+	}
+	return nil
 }

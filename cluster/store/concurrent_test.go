@@ -285,3 +285,38 @@ func TestConcurrentChaos(t *testing.T) {
 		}
 	}
 }
+
+// With a tiny object cache, idle objects are forgotten and loaded again
+// from their headers, under every call at once.
+func TestForgetIdleObjects(t *testing.T) {
+	old := maxIdleObjects
+	maxIdleObjects = 2
+	defer func() { maxIdleObjects = old }()
+	TestConcurrentChaos(t)
+	s := openT(t, t.TempDir(), Options{})
+	defer s.Close()
+	for i := range 20 {
+		if _, err := s.WriteAt(object.Make(1, uint32(i)), 1, []byte{byte(i)}, 0, i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Flush(1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		s.Stat(object.Make(1, uint32(i))) // releases let idle objects go
+	}
+	s.mu.Lock()
+	n := len(s.objs)
+	s.mu.Unlock()
+	if n > maxIdleObjects+1 {
+		t.Fatalf("%d objects in memory, bound %d", n, maxIdleObjects)
+	}
+	for i := range 20 {
+		p := make([]byte, 1)
+		v, err := s.ReadAt(object.Make(1, uint32(i)), p, 0)
+		if err != nil || v != 1 || p[0] != byte(i) {
+			t.Fatalf("object %d after being forgotten: v%d %v %v", i, v, p, err)
+		}
+	}
+}

@@ -28,9 +28,12 @@ import (
 // not the device's write-back order; see docs/store.md.
 
 const (
-	crashEnvDir  = "OVIS_STORE_CRASH_DIR"
-	crashEnvSeed = "OVIS_STORE_CRASH_SEED"
-	crashSpan    = 1 << 20 // objects are written within their first MiB
+	crashEnvDir      = "OVIS_STORE_CRASH_DIR"
+	crashEnvSeed     = "OVIS_STORE_CRASH_SEED"
+	crashEnvParallel = "OVIS_STORE_CRASH_PARALLEL"
+	crashEnvBreak    = "OVIS_STORE_CRASH_BREAK_JOURNAL"
+	crashEnvOps      = "OVIS_STORE_CRASH_OPS" // stop after this many operations
+	crashSpan        = 1 << 20                // objects are written within their first MiB
 )
 
 // crashOp is one operation of the child, as logged: a "begin" line
@@ -72,20 +75,40 @@ func crashData(seed uint64, n int64) []byte {
 	return b
 }
 
-// crashChild runs operations until it is killed.
-func crashChild(dir string, seed uint64) error {
+// crashChild runs operations until it is killed: in one worker over
+// VDIs 1 and 2 (log "log"), or with parallel set, in one worker per VDI
+// at once (logs "log-1" and "log-2"; no Flush(0), which would reach
+// across the workers' logs).
+func crashChild(dir string, seed uint64, parallel bool) error {
 	s, err := Open(filepath.Join(dir, "store"), Options{MaxOpenFiles: 4})
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(dir, "log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if !parallel {
+		return crashWorker(s, filepath.Join(dir, "log"), seed, []object.VDI{1, 2}, true)
+	}
+	errc := make(chan error, 2)
+	for _, v := range []object.VDI{1, 2} {
+		go func() {
+			errc <- crashWorker(s, filepath.Join(dir, fmt.Sprintf("log-%d", v)), seed+uint64(v), []object.VDI{v}, false)
+		}()
+	}
+	return <-errc // the first to fail; the kill ends the rest
+}
+
+func crashWorker(s *Store, logPath string, seed uint64, vdis []object.VDI, flushAll bool) error {
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}
 	r := rand.New(rand.NewPCG(seed, 1))
 	tokens := map[object.VDI]uint64{1: 1, 2: 1}
+	limit, _ := strconv.Atoi(os.Getenv(crashEnvOps))
 	for i := 0; ; i++ {
-		vdi := object.VDI(1 + r.IntN(2))
+		if limit > 0 && i == limit {
+			return nil
+		}
+		vdi := vdis[r.IntN(len(vdis))]
 		op := crashOp{vdi: vdi, id: object.Make(vdi, uint32(r.IntN(4))), token: tokens[vdi], seed: r.Uint64()}
 		op.off = r.Int64N(crashSpan)
 		op.n = min(r.Int64N(64<<10), crashSpan-op.off)
@@ -100,7 +123,7 @@ func crashChild(dir string, seed uint64) error {
 			op.kind = "remove"
 		case k < 90:
 			op.kind = "flush"
-			if r.IntN(3) == 0 {
+			if flushAll && r.IntN(3) == 0 {
 				op.vdi = 0
 			}
 		case k < 95:
@@ -138,7 +161,8 @@ func TestCrashChild(t *testing.T) {
 		t.Skip("run by TestCrash")
 	}
 	seed, _ := strconv.ParseUint(os.Getenv(crashEnvSeed), 10, 64)
-	if err := crashChild(dir, seed); err != nil {
+	testBreakJournal = os.Getenv(crashEnvBreak) != ""
+	if err := crashChild(dir, seed, os.Getenv(crashEnvParallel) != ""); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(3)
 	}
@@ -229,6 +253,26 @@ func TestCrash(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv("OVIS_STORE_CRASH_ROUNDS")); err == nil {
 		rounds = n
 	}
+	runCrash(t, rounds, false, t.Errorf)
+}
+
+// The harness proves itself: with the dirty record skipped on purpose,
+// it must report objects with unflushed writes that are not suspect.
+func TestCrashHarnessCatchesBrokenJournal(t *testing.T) {
+	var found []string
+	for range 4 {
+		runCrash(t, 2, true, func(format string, args ...any) {
+			found = append(found, fmt.Sprintf(format, args...))
+		})
+		if len(found) > 0 {
+			t.Logf("caught: %s", found[0])
+			return
+		}
+	}
+	t.Fatal("the crash harness did not notice writes made without a dirty record")
+}
+
+func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, ...any)) {
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +282,14 @@ func TestCrash(t *testing.T) {
 		dir := t.TempDir()
 		seed := uint64(time.Now().UnixNano()) + uint64(round)
 		cmd := exec.CommandContext(ctx, bin, "-test.run=^TestCrashChild$")
+		parallel := round%2 == 1
 		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvSeed+"="+strconv.FormatUint(seed, 10))
+		if parallel {
+			cmd.Env = append(cmd.Env, crashEnvParallel+"=1")
+		}
+		if breakJournal {
+			cmd.Env = append(cmd.Env, crashEnvBreak+"=1")
+		}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
@@ -251,24 +302,38 @@ func TestCrash(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != -1 {
 			t.Fatalf("round %d (seed %d): child did not die of SIGKILL: %v\n%s", round, seed, err, stderr.String())
 		}
-		s, c, i := checkCrash(t, dir, seed)
-		suspects += s
-		inflight += i
-		clean += c
+		st, err := Open(filepath.Join(dir, "store"), Options{})
+		if err != nil {
+			t.Fatalf("seed %d: reopen: %v", seed, err)
+		}
+		logs := []string{"log"}
+		if parallel {
+			logs = []string{"log-1", "log-2"}
+		}
+		for _, l := range logs {
+			s, c, i := checkCrash(t, st, filepath.Join(dir, l), seed, errorf)
+			suspects += s
+			inflight += i
+			clean += c
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Logf("%d rounds: %d objects suspect, %d checked exactly, %d in flight at the kill", rounds, suspects, clean, inflight)
 }
 
 // checkCrash replays the child's log and checks the reopened store.
-func checkCrash(t *testing.T, dir string, seed uint64) (suspects, exact, inflight int) {
+func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func(string, ...any)) (suspects, exact, inflight int) {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "log"))
+	f, err := os.Open(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	cm := &crashModel{objs: map[object.ID]*crashObj{}, tokens: map[object.VDI]uint64{1: 1, 2: 1}}
 	var pending *crashOp
+	seen := map[object.VDI]bool{}
 	ops := 0
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -280,6 +345,7 @@ func checkCrash(t *testing.T, dir string, seed uint64) (suspects, exact, infligh
 				t.Fatal(err)
 			}
 			pending = &op
+			seen[op.id.VDI()] = true
 		case line == "ack":
 			cm.apply(*pending)
 			pending = nil
@@ -292,14 +358,12 @@ func checkCrash(t *testing.T, dir string, seed uint64) (suspects, exact, infligh
 		after = cm.clone()
 		after.apply(*pending)
 	}
-	s, err := Open(filepath.Join(dir, "store"), Options{})
-	if err != nil {
-		t.Fatalf("seed %d: reopen: %v", seed, err)
-	}
-	defer s.Close()
 	for v, tok := range cm.tokens {
+		if !seen[v] { // another worker's VDI
+			continue
+		}
 		if got := s.Token(v); got < tok || got > after.tokens[v] {
-			t.Errorf("seed %d: vdi %d token %d, acknowledged %d", seed, v, got, tok)
+			errorf("seed %d: vdi %d token %d, acknowledged %d", seed, v, got, tok)
 		}
 	}
 	for id := range after.objs {
@@ -319,28 +383,28 @@ func checkCrash(t *testing.T, dir string, seed uint64) (suspects, exact, infligh
 		if info.Suspect {
 			suspects++
 			if !o.touched && !(inFlight && after.objs[id].touched) {
-				t.Errorf("seed %d: object %s suspect, but every write to it was flushed (in flight: %v)", seed, id, inFlight)
+				errorf("seed %d: object %s suspect, but every write to it was flushed (in flight: %v)", seed, id, inFlight)
 			}
 			continue
 		}
 		if o.dirty && !inFlight && !flushing {
-			t.Errorf("seed %d: object %s has unflushed writes but is not suspect", seed, id)
+			errorf("seed %d: object %s has unflushed writes but is not suspect", seed, id)
 			continue
 		}
 		if inFlight {
 			inflight++
 			if !matches(s, id, o) && !matches(s, id, after.objs[id]) {
-				t.Errorf("seed %d: object %s matches neither the state before nor after the op in flight, %s", seed, id, pending)
+				errorf("seed %d: object %s matches neither the state before nor after the op in flight, %s", seed, id, pending)
 			}
 			continue
 		}
 		exact++
 		if !matches(s, id, o) {
-			t.Errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
+			errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
 		}
 	}
 	if ops == 0 {
-		t.Errorf("seed %d: the child acknowledged no operation", seed)
+		errorf("seed %d: the child acknowledged no operation", seed)
 	}
 	t.Logf("seed %d: %d operations acknowledged, then %v in flight", seed, ops, pending)
 	return suspects, exact, inflight

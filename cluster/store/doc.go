@@ -12,7 +12,8 @@
 //     and creation before a first write
 //   - io.go: ReadAt, WriteAt, WriteZeroes, Discard, Extents
 //   - flush.go: Flush
-//   - admin.go: Remove, Put, ClearSuspect, Checksum, Stat, List, Usage
+//   - admin.go: Remove, RemoveVDI, Put, ClearSuspect, Checksum, Stat, List,
+//     Usage
 //   - header.go: the object file header
 //   - journal.go: the dirty journal, with group commit and compaction
 //   - fdcache.go: the LRU of open object files
@@ -40,8 +41,10 @@
 //     directory. Flush returns after the same for every object of the VDI
 //     written without sync. Neither ever syncs the whole file system.
 //  4. Every mutating call gives the object a new version, one higher
-//     than the last, held in the header. After a crash, an object that is
-//     not suspect has the version of its last write.
+//     than the last. The header gets it before the fdatasync that makes
+//     the write durable (the sync write's own, or the Flush's). After a
+//     crash, an object that is not suspect has the version of its last
+//     write.
 //  5. A VDI's token only rises, and it is durable in the journal before
 //     a call that raised it changes anything. A call with a lower token
 //     changes nothing (ErrStaleToken); Fence returns only after every call

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/ovis-storage/ovis/cluster/object"
 )
 
@@ -54,12 +52,22 @@ func (s *Store) flush(vdi object.VDI) error {
 // flushVDI syncs v's dirty objects and enqueues recClean for those left
 // clean; it returns the journal batch to wait for (0 for none).
 func (s *Store) flushVDI(v *vdiState) (uint64, error) {
+	// Referenced, so that none is forgotten (and loaded again as a second
+	// obj) while Flush works on it.
+	s.mu.Lock()
 	v.mu.Lock()
 	objs := make([]*obj, 0, len(v.journaled))
 	for _, o := range v.journaled {
+		o.refs++
 		objs = append(objs, o)
 	}
 	v.mu.Unlock()
+	s.mu.Unlock()
+	defer func() {
+		for _, o := range objs {
+			s.release(o)
+		}
+	}()
 
 	type pending struct {
 		o   *obj
@@ -122,7 +130,7 @@ func (s *Store) flushVDI(v *vdiState) (uint64, error) {
 		if p.gen > o.syncedGen {
 			o.syncedGen = p.gen
 		}
-		if o.journaled && !o.suspect && !o.prepping && !o.excl && o.users == 0 && o.dirtyGen == o.syncedGen && o.createGen <= v.dirSynced {
+		if o.journaled && !o.suspect && !o.prepping && !o.excl && o.writers == 0 && o.dirtyGen == o.syncedGen && o.createGen <= v.dirSynced {
 			o.journaled = false
 			seq = s.j.enqueue(record{key: uint64(o.id), op: recClean})
 			delete(v.journaled, o.id)
@@ -138,18 +146,31 @@ const flushParallel = 8
 
 var errNeedSync = errors.New("needs sync")
 
-// syncFile fdatasyncs o's file; a failure makes the copy suspect.
+// syncFile fdatasyncs o's file; a failure makes the copy suspect. It
+// waits out Put, Remove and ClearSuspect (which swap or delete the file)
+// and counts as a user of o meanwhile, so that they never run beside it.
 func (s *Store) syncFile(o *obj) error {
-	fd, err := s.fds.get(o.id, o.path, false)
-	if errors.Is(err, unix.ENOENT) {
-		return nil // removed meanwhile: nothing to make durable
+	o.mu.Lock()
+	for o.excl {
+		o.cond.Wait()
 	}
+	if !o.exists {
+		o.mu.Unlock()
+		return nil
+	}
+	o.users++
+	a := &access{o: o, version: o.version}
+	o.mu.Unlock()
+	defer s.end(a)
+	fd, err := s.fds.get(o.id, o.path, false)
 	if err != nil {
 		return fmt.Errorf("store: flush: object %s: %w", o.id, err)
 	}
-	err = fdatasync(fd.fd)
-	s.fds.put(fd)
-	if err != nil {
+	a.fd = fd
+	if err := s.writeHeader(a); err != nil { // plain writes leave it to Flush
+		return s.failed(o, fmt.Errorf("store: flush: %w", err))
+	}
+	if err := fdatasync(fd.fd); err != nil {
 		return s.failed(o, fmt.Errorf("store: flush: object %s: fdatasync: %w", o.id, err))
 	}
 	return nil

@@ -35,7 +35,9 @@ func (s *Store) ReadAt(id object.ID, p []byte, off int64) (version uint64, err e
 		return 0, err
 	}
 	defer s.ops.Done()
-	a, err := s.begin(s.obj(id), false, false)
+	o := s.obj(id)
+	defer s.release(o)
+	a, err := s.begin(o, false, false)
 	if err != nil {
 		return 0, err
 	}
@@ -66,6 +68,7 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 	}
 	defer s.ops.Done()
 	o := s.obj(id)
+	defer s.release(o)
 	if err := s.admit(o.v, token); err != nil {
 		return 0, err
 	}
@@ -86,14 +89,16 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 	if err := op(a.fd.fd); err != nil {
 		return 0, s.failed(o, fmt.Errorf("store: object %s: at %d+%d: %w", id, off, n, noSpace(err)))
 	}
-	if err := s.writeHeader(a); err != nil {
-		return 0, s.failed(o, err)
-	}
 	if !sync {
+		// The header waits for the Flush that makes this durable: until
+		// then the object is journaled, and suspect after a crash.
 		o.mu.Lock()
 		o.dirtyGen++
 		o.mu.Unlock()
 		return a.version, nil
+	}
+	if err := s.writeHeader(a); err != nil {
+		return 0, s.failed(o, err)
 	}
 	if err := s.syncObject(a); err != nil {
 		return 0, s.failed(o, err)
@@ -237,7 +242,9 @@ func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, err
 		return dst, err
 	}
 	defer s.ops.Done()
-	a, err := s.begin(s.obj(id), false, false)
+	o := s.obj(id)
+	defer s.release(o)
+	a, err := s.begin(o, false, false)
 	if err != nil {
 		return dst, err
 	}

@@ -138,6 +138,9 @@ type journal struct {
 	synced uint64 // batches durable
 	busy   bool   // a leader is writing a batch
 	err    error  // sticky: after a failed fdatasync nothing is known
+	// failed holds the batches ENOSPC cut off: a later batch's success
+	// says nothing of them.
+	failed map[uint64]error
 }
 
 // openJournal replays the journal at path, truncates a torn tail and
@@ -186,7 +189,10 @@ func (j *journal) enqueueLocked(r record) uint64 {
 func (j *journal) wait(seq uint64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for j.synced < seq {
+	for j.synced < seq || j.failed[seq] != nil {
+		if err := j.failed[seq]; err != nil {
+			return err
+		}
 		if j.err != nil {
 			return j.err
 		}
@@ -217,8 +223,12 @@ func (j *journal) wait(seq uint64) error {
 			// Nothing of the batch counts (append cut it off); the
 			// records stay in the live state, which only errs towards
 			// suspicion. Later batches may succeed once space is freed.
+			if j.failed == nil || len(j.failed) > 1024 {
+				j.failed = map[uint64]error{}
+			}
+			j.failed[g] = fmt.Errorf("store: journal: %w", err)
 			j.cond.Broadcast()
-			return fmt.Errorf("store: journal: %w", err)
+			continue
 		case err != nil:
 			j.err = fmt.Errorf("store: journal: %w", err)
 		default:
@@ -268,7 +278,8 @@ func (j *journal) append(b []byte) error {
 func (j *journal) rewrite(snap []byte) error {
 	tmp := j.path + ".tmp"
 	if err := writeFileSync(tmp, snap); err != nil {
-		return err
+		os.Remove(tmp)
+		return noSpace(err) // the journal itself is untouched
 	}
 	if err := os.Rename(tmp, j.path); err != nil {
 		return fmt.Errorf("rename: %w", err)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -59,5 +60,32 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 	}
 	if _, err := c.WriteAt(object.Make(1, 1), 5, []byte{1}, 0, true); err != nil {
 		t.Fatalf("write after a torn journal tail: %v", err)
+	}
+}
+
+// A batch that ENOSPC cut off fails for every caller in it, even after a
+// later batch succeeds, and the journal goes on.
+func TestJournalNoSpaceBatch(t *testing.T) {
+	j, err := openJournal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	seq := j.enqueue(record{key: 1, op: recDirty})
+	good := j.fd
+	j.fd = -1 // the write fails with EBADF: sticky
+	if err := j.wait(seq); err == nil {
+		t.Fatal("write to a bad fd succeeded")
+	}
+	j.err, j.fd = nil, good
+	j.mu.Lock()
+	j.failed = map[uint64]error{seq: ErrNoSpace}
+	j.mu.Unlock()
+	later := j.enqueue(record{key: 2, op: recDirty})
+	if err := j.wait(later); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.wait(seq); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("waiter of the failed batch: %v", err)
 	}
 }

@@ -141,7 +141,9 @@ func checkStale(t *rapid.T, ok bool, err error) bool {
 }
 
 func TestModel(t *testing.T) {
+	defer func(old int) { maxIdleObjects = old }(maxIdleObjects)
 	rapid.Check(t, func(t *rapid.T) {
+		maxIdleObjects = rapid.SampledFrom([]int{1, 4096}).Draw(t, "maxIdleObjects")
 		dir, err := osMkdirTemp()
 		if err != nil {
 			t.Fatal(err)

@@ -23,6 +23,8 @@ type obj struct {
 	v    *vdiState
 	path string
 
+	refs int // callers holding the pointer; guarded by Store.mu
+
 	mu        sync.Mutex
 	cond      sync.Cond
 	loaded    bool
@@ -34,6 +36,7 @@ type obj struct {
 	prepping  bool   // one writer journals or creates
 	excl      bool   // Put, Remove or ClearSuspect owns the object
 	users     int    // calls using the file
+	writers   int    // of them, mutating calls: the copy is in flux
 	createGen uint64 // vdiState.dirGen when the file was created
 	dirtyGen  uint64 // bumped by every acknowledged unsynced mutation
 	syncedGen uint64 // dirtyGen covered by an fdatasync
@@ -86,9 +89,14 @@ func (s *Store) readHeader(o *obj) (exists bool, version uint64, err error) {
 	return true, h.version, nil
 }
 
+// testBreakJournal, set only by the crash harness's self-test, skips the
+// dirty record before a first write: the harness must then fail.
+var testBreakJournal bool
+
 // access is a call's hold on an object; release with end.
 type access struct {
 	o       *obj
+	mutate  bool
 	fd      *fdEntry
 	version uint64
 	created bool
@@ -126,9 +134,10 @@ func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
 			return nil, err
 		}
 	}
-	a := &access{o: o}
+	a := &access{o: o, mutate: mutate}
 	o.users++
 	if mutate {
+		o.writers++
 		o.version++
 		a.version = o.version
 	} else {
@@ -151,7 +160,7 @@ func (s *Store) prepLocked(o *obj) error {
 	o.prepping = true
 	needJ, needC := !o.journaled, !o.exists
 	var seq uint64
-	if needJ {
+	if needJ && !testBreakJournal {
 		seq = s.j.enqueue(record{key: uint64(o.id), op: recDirty})
 	}
 	o.mu.Unlock()
@@ -213,6 +222,9 @@ func (s *Store) end(a *access) {
 	}
 	o := a.o
 	o.mu.Lock()
+	if a.mutate {
+		o.writers--
+	}
 	if o.users--; o.users == 0 {
 		o.cond.Broadcast()
 	}

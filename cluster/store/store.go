@@ -17,6 +17,9 @@ import (
 // lengths are checked against it (ErrRange).
 const MaxObjectSize = 1 << object.MaxSizeShift
 
+// formatText is the content of DIR/FORMAT.
+const formatText = "ovis store 1\n"
+
 // Options configure a Store.
 type Options struct {
 	// MaxOpenFiles bounds the object files kept open. The default is 256.
@@ -110,13 +113,20 @@ func (s *Store) open() error {
 	// Leftovers of a Put that crashed: leaked space only.
 	if ents, err := os.ReadDir(s.tmpDir); err == nil {
 		for _, e := range ents {
-			os.Remove(filepath.Join(s.tmpDir, e.Name()))
+			os.RemoveAll(filepath.Join(s.tmpDir, e.Name()))
 		}
 	}
 	formatPath := filepath.Join(s.dir, "FORMAT")
 	cleanPath := filepath.Join(s.dir, "CLEAN")
-	_, err = os.Stat(formatPath)
+	format, err := os.ReadFile(formatPath)
 	fresh := errors.Is(err, os.ErrNotExist)
+	switch {
+	case fresh:
+	case err != nil:
+		return fmt.Errorf("store: %w", err)
+	case string(format) != formatText:
+		return fmt.Errorf("store: %s: format %q, want %q: %w", formatPath, format, formatText, ErrCorrupt)
+	}
 	_, err = os.Stat(cleanPath)
 	clean := err == nil
 	if s.j, err = openJournal(s.dir); err != nil {
@@ -141,7 +151,7 @@ func (s *Store) open() error {
 		return fmt.Errorf("store: journal: %w", err)
 	}
 	if fresh {
-		if err := writeFileSync(formatPath, []byte("ovis store 1\n")); err != nil {
+		if err := writeFileSync(formatPath, []byte(formatText)); err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
@@ -222,16 +232,21 @@ func (s *Store) vdiLocked(v object.VDI) *vdiState {
 	return vs
 }
 
+// obj returns id's state, referenced; release it with release. Clean
+// idle objects beyond maxIdleObjects are forgotten (their header says
+// all there is), so memory follows the working set, not the disk.
 func (s *Store) obj(id object.ID) *obj {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o, ok := s.objs[id]
-	if !ok {
+	if ok {
+		o.refs++
+	} else {
 		v := s.vdiLocked(id.VDI())
 		s.j.mu.Lock()
 		op, journaled := s.j.live.objs[id]
 		s.j.mu.Unlock()
-		o = &obj{id: id, v: v, path: s.objPath(id), suspect: op == recSuspect}
+		o = &obj{id: id, v: v, path: s.objPath(id), suspect: op == recSuspect, refs: 1}
 		o.cond.L = &o.mu
 		s.objs[id] = o
 		if journaled {
@@ -243,6 +258,25 @@ func (s *Store) obj(id object.ID) *obj {
 		}
 	}
 	return o
+}
+
+// maxIdleObjects is how many objects a Store keeps in memory before it
+// forgets idle clean ones.
+var maxIdleObjects = 4096
+
+func (s *Store) release(o *obj) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o.refs--; o.refs > 0 || len(s.objs) <= maxIdleObjects {
+		return
+	}
+	o.mu.Lock()
+	idle := o.loaded && !o.loading && !o.journaled && !o.suspect && !o.prepping && !o.excl &&
+		o.users == 0 && !o.hdrBusy && o.hdrDone == o.version && o.dirtyGen == o.syncedGen
+	o.mu.Unlock()
+	if idle {
+		delete(s.objs, o.id)
+	}
 }
 
 // vdiState is what a Store knows of one VDI.

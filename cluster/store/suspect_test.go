@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,5 +161,82 @@ func TestClearSuspectAndRemove(t *testing.T) {
 	}
 	if info, err := c.Stat(lost); err != nil || info.Suspect || info.Version != 5 {
 		t.Fatalf("after Put: %+v %v", info, err)
+	}
+}
+
+// A damaged or misplaced object file is a suspect copy, not data; a
+// store of another format is refused.
+func TestHostileFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	ids := []object.ID{object.Make(1, 0), object.Make(1, 1), object.Make(1, 2), object.Make(1, 3)}
+	for _, id := range ids {
+		if _, err := s.WriteAt(id, 0, []byte("data"), 0, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := func(id object.ID) string {
+		return filepath.Join(dir, "objects", "00000001", fmt.Sprintf("%08x", id.Index()))
+	}
+	f, _ := os.OpenFile(path(ids[0]), os.O_WRONLY, 0)
+	f.WriteAt([]byte{0xff}, 25) // version byte: CRC fails
+	f.Close()
+	os.Truncate(path(ids[1]), 10) // short header
+	b, _ := os.ReadFile(path(ids[3]))
+	os.WriteFile(path(ids[2]), b, 0o644) // another object's file
+	s = openT(t, dir, Options{})
+	for _, id := range ids[:3] {
+		if _, err := s.ReadAt(id, make([]byte, 4), 0); !errors.Is(err, ErrSuspect) {
+			t.Errorf("object %s with a bad header: %v", id, err)
+		}
+		if info, err := s.Stat(id); err != nil || !info.Suspect {
+			t.Errorf("object %s with a bad header: %+v %v", id, info, err)
+		}
+	}
+	if _, err := s.ReadAt(ids[3], make([]byte, 4), 0); err != nil {
+		t.Errorf("intact object: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Suspicion found at load survives a clean Close.
+	s = openT(t, dir, Options{})
+	if info, _ := s.Stat(ids[0]); !info.Suspect {
+		t.Error("suspicion of a bad header lost across Close")
+	}
+	s.Close()
+	os.WriteFile(filepath.Join(dir, "FORMAT"), []byte("ovis store 2\n"), 0o644)
+	if _, err := Open(dir, Options{}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Open of another format: %v", err)
+	}
+	if _, err := Open(dir, Options{MaxOpenFiles: -1}); err == nil {
+		t.Fatal("Open with MaxOpenFiles -1 succeeded")
+	}
+}
+
+// A read running during a Flush does not keep the object journaled.
+func TestFlushDuringRead(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	id := object.Make(1, 0)
+	if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.begin(s.obj(id), false, false) // a read in progress
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(1); err != nil {
+		t.Fatal(err)
+	}
+	s.end(a)
+	c := openT(t, snapshot(t, dir), Options{})
+	defer c.Close()
+	if info, err := c.Stat(id); err != nil || info.Suspect {
+		t.Fatalf("flushed object read during the Flush: %+v %v", info, err)
 	}
 }
