@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server)
-tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd)
+packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server strace)
+tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd strace)
 
 missing=()
 for i in "${!tools[@]}"; do

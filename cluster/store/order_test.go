@@ -33,7 +33,7 @@ import (
 func TestSyscallOrder(t *testing.T) {
 	strace, err := exec.LookPath("strace")
 	if err != nil {
-		t.Skip("strace not installed")
+		t.Fatal("strace is not installed; run scripts/test.sh, which installs it")
 	}
 	bin, err := os.Executable()
 	if err != nil {
