@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -356,92 +355,13 @@ func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 	}
 }
 
-// check compares every replica of every object.
+// check compares every replica of every object, for the admin command.
 func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	vs, err := n.mc.ListVDIs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v := n.views.View()
-	ids := make([]string, 0, len(v.Addr))
-	for id := range v.Addr {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	// Who holds what, from every node's list.
-	held := map[object.ID][]string{}
-	for _, id := range ids {
-		var resp protocol.Response
-		if err := n.pool.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch}, &resp); err != nil {
-			return nil, fmt.Errorf("listing node %s: %w", id, err)
-		}
-		infos, err := protocol.ParseObjectInfos(nil, resp.Payload)
-		if err != nil {
-			return nil, fmt.Errorf("listing node %s: %w", id, err)
-		}
-		for _, in := range infos {
-			held[in.ID] = append(held[in.ID], id)
-		}
-	}
-	byID := map[object.VDI]membership.VDI{}
-	for _, vd := range vs {
-		byID[vd.ID] = vd
-	}
-	rep := &CheckReport{}
-	objs := make([]object.ID, 0, len(held))
-	for o := range held {
-		objs = append(objs, o)
-	}
-	slices.Sort(objs)
-	for _, o := range objs {
-		vd, ok := byID[o.VDI()]
-		if !ok {
-			rep.Bad = append(rep.Bad, CheckResult{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: held[o]})
-			continue
-		}
-		rep.Objects++
-		copies := min(vd.Copies, v.Map.Zones())
-		want, err := v.Map.Place(o, copies, nil)
-		if err != nil {
-			return nil, err
-		}
-		var missing []string
-		sums := map[uint32][]string{}
-		for _, id := range want {
-			if !slices.Contains(held[o], id) {
-				missing = append(missing, id)
-				continue
-			}
-			var resp protocol.Response
-			if err := n.pool.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o}, &resp); err != nil {
-				rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}})
-				continue
-			}
-			crc, _, err := protocol.ParseChecksumReply(resp.Payload)
-			if err != nil {
-				return nil, err
-			}
-			sums[crc] = append(sums[crc], id)
-			rep.Copies++
-		}
-		if len(missing) > 0 {
-			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), copies), Nodes: missing})
-		}
-		if len(sums) > 1 {
-			var groups []string
-			for crc, nodes := range sums {
-				groups = append(groups, fmt.Sprintf("%08x on %v", crc, nodes))
-			}
-			slices.Sort(groups)
-			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups)})
-		}
-		for _, id := range held[o] {
-			if !slices.Contains(want, id) {
-				rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}})
-			}
-		}
-	}
-	return rep, nil
+	return Check(ctx, n.net, n.views.View(), vs, nil)
 }
 
 var _ = store.MaxObjectSize

@@ -108,7 +108,7 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			resp.Epoch = h.Epochs.Epoch()
 		}
 	}
-	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello {
+	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList {
 		if err := checkRange(req); err != nil {
 			fail(resp, protocol.StatusEINVAL, err.Error())
 			return
@@ -167,9 +167,17 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		var infos []store.Info
 		infos, err = st.List(req.Object.VDI())
 		if err == nil {
-			out := make([]protocol.ObjectInfo, len(infos))
-			for i, in := range infos {
-				out[i] = infoOf(in)
+			// Offset is a cursor (the first ID to list), Length the most
+			// entries (0: as many as a reply holds); List is sorted.
+			limit := int(req.Length)
+			if limit == 0 {
+				limit = protocol.MaxListEntries
+			}
+			var out []protocol.ObjectInfo
+			for _, in := range infos {
+				if uint64(in.ID) >= req.Offset && len(out) < limit {
+					out = append(out, infoOf(in))
+				}
 			}
 			resp.Payload = protocol.AppendObjectInfos(resp.Payload[:0], out)
 		}
@@ -222,7 +230,7 @@ func checkRange(req *protocol.Request) error {
 	if req.Offset > store.MaxObjectSize || uint64(req.Length) > store.MaxObjectSize-req.Offset {
 		return fmt.Errorf("object %s: range %d+%d outside an object of %d bytes", req.Object, req.Offset, req.Length, int64(store.MaxObjectSize))
 	}
-	if req.Object.VDI() == 0 && req.Op != protocol.OpList {
+	if req.Object.VDI() == 0 {
 		return fmt.Errorf("object %s: VDI id 0", req.Object)
 	}
 	return nil

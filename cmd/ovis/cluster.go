@@ -25,6 +25,7 @@ import (
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/schollz/progressbar/v3"
 )
 
 // This file holds the cluster's verbs: ovis node (run one, list them),
@@ -294,8 +295,8 @@ func newClusterCmd() *cobra.Command {
 			Short: "Compare every copy of every object; exit 0 only when all are present and equal",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var r node.CheckReport
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "check"}, nil, &r); err != nil {
+				r, err := clusterCheck(cmd, &af)
+				if err != nil {
 					return err
 				}
 				if err := af.print(cmd.OutOrStdout(), r, func(w io.Writer) {
@@ -567,4 +568,45 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	go srv.Serve(l)
 	context.AfterFunc(ctx, func() { srv.Close() })
 	return l.Addr().String(), nil
+}
+
+// clusterCheck runs the check from here: it learns the nodes and VDIs
+// from the node at -a, then asks every node for its objects and their
+// checksums itself, with a progress bar on a terminal.
+func clusterCheck(cmd *cobra.Command, af *adminFlags) (*node.CheckReport, error) {
+	var info node.Info
+	if _, err := af.do(cmd, node.AdminRequest{Cmd: "info"}, nil, &info); err != nil {
+		return nil, err
+	}
+	var vdis []membership.VDI
+	if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vdis); err != nil {
+		return nil, err
+	}
+	v, err := node.ViewOf(membership.View{Epoch: info.Epoch, Nodes: info.Nodes})
+	if err != nil {
+		return nil, err
+	}
+	var dial protocol.Dialer
+	if af.tls.cert != "" || af.tls.key != "" || af.tls.ca != "" {
+		tc, err := protocol.ClientTLS(af.tls.cert, af.tls.key, af.tls.ca)
+		if err != nil {
+			return nil, err
+		}
+		dial = protocol.TLSDialer(tc)
+	}
+	pool := protocol.NewPool(dial)
+	defer pool.Close()
+	var progress func(done, total int)
+	if w := cmd.ErrOrStderr(); isTerminal(w) && af.output == "human" {
+		var bar *progressbar.ProgressBar
+		progress = func(done, total int) {
+			if bar == nil {
+				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("checking"),
+					progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond),
+					progressbar.OptionClearOnFinish())
+			}
+			bar.Set(done)
+		}
+	}
+	return node.Check(cmd.Context(), pool, v, vdis, progress)
 }

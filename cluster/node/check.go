@@ -1,0 +1,164 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+)
+
+// Check compares every copy of every object the nodes of v hold: each
+// object of a VDI in vdis must be on exactly its replicas in v, with
+// equal checksums. It reports missing copies, copies that differ, copies
+// on nodes that should not hold them and objects of no VDI. progress,
+// when not nil, is called as objects are done (done of total). net
+// reaches the nodes (protocol.Pool, or a node's own caller).
+func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []membership.VDI, progress func(done, total int)) (*CheckReport, error) {
+	ids := make([]string, 0, len(v.Addr))
+	for id := range v.Addr {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	// Who holds what, from every node's list.
+	held := map[object.ID][]string{}
+	for _, id := range ids {
+		infos, err := listAll(ctx, net, v, id)
+		if err != nil {
+			return nil, err
+		}
+		for _, in := range infos {
+			held[in.ID] = append(held[in.ID], id)
+		}
+	}
+	byID := map[object.VDI]membership.VDI{}
+	for _, vd := range vdis {
+		byID[vd.ID] = vd
+	}
+	objs := make([]object.ID, 0, len(held))
+	for o := range held {
+		objs = append(objs, o)
+	}
+	slices.Sort(objs)
+
+	results := make([][]CheckResult, len(objs))
+	copies := make([]int, len(objs))
+	errs := make([]error, len(objs))
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		done int
+	)
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				results[i], copies[i], errs[i] = checkObject(ctx, net, v, byID, objs[i], held[objs[i]])
+				if progress != nil {
+					mu.Lock()
+					done++
+					progress(done, len(objs))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range objs {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	rep := &CheckReport{}
+	for i := range objs {
+		if errs[i] != nil {
+			return nil, errs[i]
+		}
+		if _, ok := byID[objs[i].VDI()]; ok {
+			rep.Objects++
+		}
+		rep.Copies += copies[i]
+		rep.Bad = append(rep.Bad, results[i]...)
+	}
+	return rep, nil
+}
+
+// listAll lists every object node id holds, page by page.
+func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string) ([]protocol.ObjectInfo, error) {
+	var all []protocol.ObjectInfo
+	for cursor := uint64(0); ; {
+		var resp protocol.Response
+		req := &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch, Offset: cursor, Length: listPage}
+		if err := net.Call(ctx, v.Addr[id], req, &resp); err != nil {
+			return nil, fmt.Errorf("listing node %s: %w", id, err)
+		}
+		page, err := protocol.ParseObjectInfos(nil, resp.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("listing node %s: %w", id, err)
+		}
+		all = append(all, page...)
+		if len(page) < int(req.Length) {
+			return all, nil
+		}
+		cursor = uint64(page[len(page)-1].ID) + 1
+	}
+}
+
+// checkObject compares the copies of one object.
+func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID map[object.VDI]membership.VDI, o object.ID, holders []string) ([]CheckResult, int, error) {
+	vd, ok := byID[o.VDI()]
+	if !ok {
+		return []CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders}}, 0, nil
+	}
+	n := min(vd.Copies, v.Map.Zones())
+	want, err := v.Map.Place(o, n, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	var bad []CheckResult
+	var missing []string
+	sums := map[uint32][]string{}
+	compared := 0
+	for _, id := range want {
+		if !slices.Contains(holders, id) {
+			missing = append(missing, id)
+			continue
+		}
+		var resp protocol.Response
+		if err := net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp); err != nil {
+			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}})
+			continue
+		}
+		crc, _, err := protocol.ParseChecksumReply(resp.Payload)
+		if err != nil {
+			return nil, 0, err
+		}
+		sums[crc] = append(sums[crc], id)
+		compared++
+	}
+	if len(missing) > 0 {
+		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), n), Nodes: missing})
+	}
+	if len(sums) > 1 {
+		var groups []string
+		for crc, nodes := range sums {
+			groups = append(groups, fmt.Sprintf("%08x on %v", crc, nodes))
+		}
+		slices.Sort(groups)
+		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups)})
+	}
+	for _, id := range holders {
+		if !slices.Contains(want, id) {
+			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}})
+		}
+	}
+	return bad, compared, nil
+}
+
+// listPage is how many objects one OpList of Check asks for.
+var listPage uint32 = 1 << 16
