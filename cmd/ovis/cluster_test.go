@@ -52,7 +52,7 @@ var (
 // it prints where it serves. etcd is the cluster's etcd; empty embeds one.
 func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterNode {
 	t.Helper()
-	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--lease", "3s", "--log-level", "info"}
+	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--log-level", "info"}
 	if etcd == "" {
 		args = append(args, "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
 	} else {
@@ -570,7 +570,7 @@ func TestClusterMembershipChangeIsSafe(t *testing.T) {
 }
 
 // TestClusterSuspendedWriterIsFenced: the gateway holding a VDI's lock is
-// suspended (SIGSTOP) past its lease; another node takes the VDI over.
+// suspended (SIGSTOP) past its 5 s lease; another node takes the VDI over.
 // After SIGCONT the old gateway cannot change a byte, on any copy, and
 // it stops serving.
 func TestClusterSuspendedWriterIsFenced(t *testing.T) {
@@ -586,7 +586,7 @@ func TestClusterSuspendedWriterIsFenced(t *testing.T) {
 	}
 	n3.cmd.Process.Signal(syscall.SIGSTOP)
 	defer n3.cmd.Process.Signal(syscall.SIGCONT)
-	// The lease (3 s) runs out at etcd: the lock goes with it.
+	// The lease (5 s) runs out at etcd: the lock goes with it.
 	waitUntil(t, 30*time.Second, func() (bool, string) {
 		r := n1.admin(t, "vdi", "lock", "list")
 		return r.code == 0 && !strings.Contains(r.stdout, n1ID(t, n3)), r.stdout
