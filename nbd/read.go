@@ -78,7 +78,7 @@ func (t *transmission) read(req request) {
 		return
 	}
 	var pieces []piece
-	if req.flags&cmdFlagDF != 0 || n < minHole {
+	if req.flags&cmdFlagDF != 0 || n < minHole || t.exp.NoHoleMap {
 		// Too short to hold a hole worth a chunk of its own: skip the
 		// extent lookups.
 		pieces = []piece{{off: off, n: int64(n)}}

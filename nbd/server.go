@@ -48,6 +48,12 @@ type Export struct {
 	// NoAllocationDepth leaves the qemu:allocation-depth context out, as
 	// qemu-nbd does without -A. The default (false) offers it.
 	NoAllocationDepth bool
+	// NoHoleMap answers every structured READ with its data, without
+	// first asking the device where its holes are (as qemu-nbd does, to
+	// send them as hole chunks). Set it for a device whose Extents cost
+	// as much as a read: a network one, where the lookup is a round trip
+	// of its own. BLOCK_STATUS is unaffected.
+	NoHoleMap bool
 }
 
 // ExportBitmap is a dirty bitmap of an export's device.

@@ -2,12 +2,16 @@ package nbd
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"math/rand/v2"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ovis-storage/ovis/block"
 )
 
 // Tests in this file speak the protocol byte by byte (client_test.go):
@@ -645,5 +649,58 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (&Config{Exports: FixedExports(Export{Device: rw})}).Validate(); err != nil {
 		t.Errorf("minimal config: %v", err)
+	}
+}
+
+// extentCounter counts a device's Extents calls.
+type extentCounter struct {
+	block.Device
+	calls atomic.Int64
+}
+
+func (e *extentCounter) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
+	e.calls.Add(1)
+	return e.Device.Extents(ctx, off, n, dst)
+}
+
+func (e *extentCounter) Unwrap() block.Device { return e.Device }
+
+// TestNoHoleMap: with Export.NoHoleMap a structured READ is answered
+// with its data and no Extents lookup, holes included; without it the
+// same READ looks the holes up and sends them as hole chunks.
+func TestNoHoleMap(t *testing.T) {
+	t.Parallel()
+	for _, noMap := range []bool{false, true} {
+		rw, _ := newRawDevice(t, wireSize, false)
+		dev := &extentCounter{Device: rw}
+		_, sock := startWire(t, Config{Exports: FixedExports(Export{Device: dev, NoHoleMap: noMap})})
+		w := dialWire(t, "unix", sock)
+		w.negotiate("", true)
+		data := pattern(9, 64<<10)
+		w.request(0, cmdWrite, 1, 128<<10, uint32(len(data)), data)
+		if r := w.mustReply(0, 0); r.errno != 0 {
+			t.Fatal(r.errno)
+		}
+		want := make([]byte, 512<<10)
+		copy(want[128<<10:], data)
+		before := dev.calls.Load()
+		w.request(0, cmdRead, 2, 0, uint32(len(want)), nil)
+		r := w.mustReply(len(want), 0)
+		if r.errno != 0 || !bytes.Equal(r.data, want) {
+			t.Fatalf("NoHoleMap=%v: errno %v, equal %v", noMap, r.errno, bytes.Equal(r.data, want))
+		}
+		holes := 0
+		for _, c := range r.chunks {
+			if c.typ == replyTypeOffsetHole {
+				holes++
+			}
+		}
+		calls := dev.calls.Load() - before
+		if noMap && (calls != 0 || holes != 0) {
+			t.Errorf("NoHoleMap: %d Extents calls and %d hole chunks, want none", calls, holes)
+		}
+		if !noMap && (calls == 0 || holes != 2) {
+			t.Errorf("hole map: %d Extents calls and %d hole chunks, want some and 2", calls, holes)
+		}
 	}
 }
