@@ -60,6 +60,9 @@ type Config struct {
 	// Listen is the node-to-node address (host:port). Default
 	// 127.0.0.1:7000; port 0 picks one.
 	Listen string
+	// Advertise is the node-to-node address the others are told to
+	// reach this node at (a proxy, a NAT); default the one Listen got.
+	Advertise string
 	// Etcd lists an external etcd cluster's client URLs. Empty: the node
 	// embeds a single-member etcd.
 	Etcd []string
@@ -98,6 +101,7 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	dirLock *os.File // flock on Dir/LOCK while the node runs
+	addr    string   // the node-to-node address it registered
 	id      string
 	st      *store.Store
 	embed   *membership.Embedded
@@ -201,7 +205,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	} else {
 		warnOpen(n.log, n.plis.Addr(), "node-to-node")
 	}
-	n.reg, err = n.mc.Join(ctx, membership.NodeInfo{ID: n.id, Addr: n.plis.Addr().String(), Zone: cfg.Zone, Weight: cfg.Weight}, cfg.LeaseTTL)
+	if n.addr = cfg.Advertise; n.addr == "" {
+		n.addr = n.plis.Addr().String()
+	}
+	n.reg, err = n.mc.Join(ctx, membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: cfg.Zone, Weight: cfg.Weight}, cfg.LeaseTTL)
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -218,7 +225,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.pool = protocol.NewPool(dial)
 	n.vdis = newVDIs(n)
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
-	n.net = &localCaller{self: n.plis.Addr().String(), h: h, pool: n.pool}
+	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
 	if cfg.NBD != "" || cfg.NBDListener != nil {

@@ -184,6 +184,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&cfg.Dir, "dir", "ovis-node", "folder for the node's objects (and the embedded etcd)")
 	f.StringVar(&cfg.ID, "id", "", "the node's ID (default: kept in DIR/node-id, made at the first start)")
 	f.StringVar(&cfg.Listen, "listen", defaultAdmin, "node-to-node and admin address (HOST:PORT)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "the node-to-node address other nodes reach this one at (default: --listen's)")
 	f.StringVar(&etcd, "etcd", "", "client URLs of an external etcd cluster, comma-separated (default: embed one)")
 	f.StringVar(&cfg.EtcdListen, "etcd-listen", "", "the embedded etcd's client URL (default http://127.0.0.1:2379)")
 	f.StringVar(&cfg.EtcdPeer, "etcd-peer", "", "the embedded etcd's peer URL (default http://127.0.0.1:2380)")

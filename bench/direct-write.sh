@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Sheepdog's direct-write question, measured: writeback, emulated
+# writethrough (write + flush) and native writethrough (FUA) against three
+# `ovis node`s on loopback, data on tmpfs, copies 3, with qemu-img bench
+# through NBD. Optionally with a delaying TCP proxy (bench/delayproxy) on
+# the client↔gateway path and on every node↔node path, to model separate
+# hosts (the kernel here has no netem).
+#
+# Usage: bench/direct-write.sh [RUNS (default 5)]
+#   DELAYS="0 100us 1ms 25ms"  one-way delays to run (each on both paths
+#                              in turn: PATHS="client nodes")
+#   SIZES="1M 4k"
+# Prints, per size, path and delay, the median MB/s of each mode over RUNS
+# runs (interleaved), the spread, and the ratios native/emulated and
+# native/writeback.
+source "$(dirname "$0")/lib.sh"
+RUNS=${1:-5}
+DELAYS=${DELAYS:-"0 1ms"}
+PATHS=${PATHS:-"client nodes"}
+SIZES=${SIZES:-"1M 4k"}
+need_tools
+build_ovis
+(cd "$(dirname "$0")/.." && go build -o "$BENCH_DIR/delayproxy" ./bench/delayproxy)
+TMP=${CLUSTER_TMPFS:-/dev/shm/ovis-bench-dw.$$}
+mkdir -p "$TMP"
+PIDS=()
+cleanup() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$TMP"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# proxy LISTEN TO DELAY — starts a delay proxy, prints nothing.
+proxy() {
+	"$BENCH_DIR/delayproxy" -listen "$1" -to "$2" -delay "$3" >/dev/null 2>&1 &
+	PIDS+=($!)
+}
+
+# start_cluster DELAY — three nodes; with DELAY, every node is reached by
+# the others through a proxy that adds it.
+start_cluster() {
+	local d=$1
+	E1=$(port); E2=$(port); NBD=$(port)
+	for i in 1 2 3; do
+		L[$i]=127.0.0.1:$(port)
+		if [ "$d" != 0 ]; then
+			P[$i]=127.0.0.1:$(port)
+			proxy "${P[$i]}" "${L[$i]}" "$d"
+		else
+			P[$i]=${L[$i]}
+		fi
+	done
+	for i in 1 2 3; do
+		local extra=(--etcd "http://127.0.0.1:$E1")
+		[ "$i" = 1 ] && extra=(--etcd-listen "http://127.0.0.1:$E1" --etcd-peer "http://127.0.0.1:$E2" --nbd "127.0.0.1:$NBD")
+		"$OVIS" node --dir "$TMP/n$i" --listen "${L[$i]}" --advertise "${P[$i]}" --log-level warn "${extra[@]}" >"$TMP/n$i.out" 2>"$TMP/n$i.log" &
+		PIDS+=($!)
+		for _ in $(seq 300); do grep -q "serving on" "$TMP/n$i.out" 2>/dev/null && break; sleep 0.1; done
+	done
+	sleep 1
+	"$OVIS" cluster format --copies 3 -a "${L[1]}" >/dev/null
+	"$OVIS" vdi create dw 1G -a "${L[1]}" >/dev/null
+}
+
+stop_cluster() {
+	cleanup
+	PIDS=()
+	mkdir -p "$TMP"
+}
+
+# bench URI SIZE COUNT MODE — prints MB/s of one qemu-img bench run.
+bench_run() {
+	local uri=$1 size=$2 count=$3 mode=$4 args=()
+	case $mode in
+	writeback) args=(-t writeback) ;;
+	emulated) args=(-t writeback --flush-interval=1) ;;
+	native) args=(-t writethrough) ;;
+	esac
+	local out
+	out=$(qemu-img bench -w -c "$count" -d 1 -s "$size" -f raw "${args[@]}" "$uri" 2>&1)
+	python3 -c "
+import re,sys
+m=re.search(r'Run completed in ([0-9.]+) seconds', sys.argv[1])
+size={'k':1<<10,'M':1<<20}[sys.argv[2][-1]]*int(sys.argv[2][:-1])
+print(f'{int(sys.argv[3])*size/float(m.group(1))/1e6:.2f}' if m else 'n/a')" "$out" "$size" "$count"
+}
+
+count_for() { # SIZE DELAY
+	local size=$1 d=$2
+	case "$size:$d" in
+	1M:0 | 1M:100us) echo 100 ;;
+	1M:*) echo 20 ;;
+	4k:0 | 4k:100us) echo 5000 ;;
+	4k:1ms) echo 1000 ;;
+	4k:*) echo 100 ;;
+	esac
+}
+
+echo "# $(date -Is) ovis $(git -C "$(dirname "$0")/.." rev-parse --short HEAD); 3 nodes, copies 3, tmpfs; qemu-img bench -w -d 1; $RUNS runs per mode, interleaved; load $(cut -d' ' -f1-3 /proc/loadavg)"
+"$BENCH_DIR/delayproxy" -selftest -delay 0 | sed 's/^/# proxy: /'
+printf '%-5s %-7s %-6s %5s %10s %10s %10s %8s %8s  %s\n' size path delay count writeback emulated native nat/emu nat/wb "runs (wb; emu; nat)"
+for path in $PATHS; do
+	for d in $DELAYS; do
+		if [ "$path" = nodes ]; then start_cluster "$d"; else start_cluster 0; fi
+		uri="nbd://127.0.0.1:$NBD/dw"
+		if [ "$path" = client ] && [ "$d" != 0 ]; then
+			C=127.0.0.1:$(port)
+			proxy "$C" "127.0.0.1:$NBD" "$d"
+			sleep 0.2
+			uri="nbd://$C/dw"
+		fi
+		for size in $SIZES; do
+			n=$(count_for "$size" "$d")
+			declare -a wb=() em=() na=()
+			for _ in $(seq "$RUNS"); do
+				wb+=("$(bench_run "$uri" "$size" "$n" writeback)")
+				em+=("$(bench_run "$uri" "$size" "$n" emulated)")
+				na+=("$(bench_run "$uri" "$size" "$n" native)")
+			done
+			mw=$(median1 "${wb[@]}"); me=$(median1 "${em[@]}"); mn=$(median1 "${na[@]}")
+			printf '%-5s %-7s %-6s %5s %10s %10s %10s %8s %8s  %s; %s; %s\n' "$size" "$path" "$d" "$n" "$mw" "$me" "$mn" \
+				"$(ratio "$mn" "$me")" "$(ratio "$mn" "$mw")" "${wb[*]}" "${em[*]}" "${na[*]}"
+		done
+		stop_cluster
+	done
+done
