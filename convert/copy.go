@@ -55,6 +55,17 @@ func Copy(ctx context.Context, dst, src block.Device, o Options) error {
 		total:        src.Size(),
 	}
 	c.hasZeroInit = o.TargetIsZero && c.minSparse > 0
+	c.srcBackingEnd = src.Size()
+	if img, ok := block.As[*qcow2.Image](src); ok && o.TopOnly {
+		// Past its backing file's end (or with none) the source's
+		// unallocated ranges read as zeros of its own, which the
+		// output's backing file need not hold: they are zeroed, as
+		// QEMU's block status reports them zero there.
+		c.srcBackingEnd = 0
+		if b := img.Backing(); b != nil {
+			c.srcBackingEnd = b.Size()
+		}
+	}
 	if o.Compress {
 		img, ok := block.As[*qcow2.Image](dst)
 		if !ok {
@@ -94,6 +105,9 @@ type copier struct {
 	hasZeroInit bool
 	// copyTopOnly: only the source's own layer (Depth 1) is copied.
 	copyTopOnly bool
+	// srcBackingEnd, with copyTopOnly, is where the source's backing file
+	// ends: ranges no layer holds past it are the source's own zeros.
+	srcBackingEnd int64
 	// zeroSkipFrom, with skipZeroTail, is where the output's backing
 	// file ends: past it a range the source reports as zero is left
 	// unallocated, as qemu-img's target_backing_sectors does.

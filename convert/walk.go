@@ -17,6 +17,11 @@ const (
 // zero detection zeros are data too: the whole output is then allocated.
 func (c *copier) classify(e block.Extent, off int64) kind {
 	switch {
+	case c.copyTopOnly && e.Depth == 0 && off >= c.srcBackingEnd && e.Status&block.StatusZero != 0:
+		if c.skipZeroTail && off >= c.zeroSkipFrom {
+			return kindSkip
+		}
+		return kindZero
 	case c.copyTopOnly && e.Depth != 1:
 		return kindSkip
 	case e.Status&block.StatusZero != 0 && c.skipZeroTail && off >= c.zeroSkipFrom:
@@ -78,6 +83,10 @@ func (c *copier) walk(ctx context.Context, fn func(k kind, off, end int64) error
 		if c.skipZeroTail && off < c.zeroSkipFrom && end > c.zeroSkipFrom {
 			// Zeros are handled differently from there on.
 			end = c.zeroSkipFrom
+		}
+		if c.copyTopOnly && off < c.srcBackingEnd && end > c.srcBackingEnd {
+			// So are the source's unallocated ranges.
+			end = c.srcBackingEnd
 		}
 		k := c.classify(e, off)
 		if k == kindData && c.dataProgress != nil {
