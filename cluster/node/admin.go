@@ -11,7 +11,6 @@ import (
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
-	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
 )
@@ -336,21 +335,16 @@ func (n *Node) adminWrite(ctx context.Context, ar AdminRequest, data []byte) (an
 func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 	v := n.views.View()
 	for id, addr := range v.Addr {
-		var resp protocol.Response
-		err := n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch, Object: object.Make(vd.ID, 0)}, &resp)
+		infos, err := listAll(ctx, n.net, v, id, vd.ID)
 		if err != nil {
 			n.log.Warn("removing a deleted VDI's objects", "vdi", vd.Name, "on", id, "err", err)
-			continue
-		}
-		infos, err := protocol.ParseObjectInfos(nil, resp.Payload)
-		if err != nil {
 			continue
 		}
 		for _, in := range infos {
 			// A deleted VDI has no lock holder left to fence: its objects
 			// go with the highest token the node has seen.
 			var r protocol.Response
-			n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpRemove, Epoch: v.Epoch, Token: ^uint64(0), Object: in.ID}, &r)
+			n.net.Call(ctx, addr, &protocol.Request{Op: protocol.OpRemove, Epoch: v.Epoch, Token: ^uint64(0), Object: in.ID}, &r)
 		}
 	}
 }

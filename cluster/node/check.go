@@ -27,7 +27,7 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 	// Who holds what, from every node's list.
 	held := map[object.ID][]string{}
 	for _, id := range ids {
-		infos, err := listAll(ctx, net, v, id)
+		infos, err := listAll(ctx, net, v, id, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -88,12 +88,13 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 	return rep, nil
 }
 
-// listAll lists every object node id holds, page by page.
-func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string) ([]protocol.ObjectInfo, error) {
+// listAll lists the objects of vdi (0: every VDI) node id holds, page by
+// page.
+func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string, vdi object.VDI) ([]protocol.ObjectInfo, error) {
 	var all []protocol.ObjectInfo
 	for cursor := uint64(0); ; {
 		var resp protocol.Response
-		req := &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch, Offset: cursor, Length: listPage}
+		req := &protocol.Request{Op: protocol.OpList, Epoch: v.Epoch, Object: object.Make(vdi, 0), Offset: cursor, Length: listPage}
 		if err := net.Call(ctx, v.Addr[id], req, &resp); err != nil {
 			return nil, fmt.Errorf("listing node %s: %w", id, err)
 		}

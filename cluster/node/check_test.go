@@ -80,6 +80,21 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("clean check: %d objects, %d copies, problems %v, %d progress calls of %d; want 10, 25, none, 10 of 10", r.Objects, r.Copies, r.Bad, calls, last)
 	}
 
+	// One VDI's objects alone, over pages of two: n0 holds the objects of
+	// VDI 2 (3 copies on 3 nodes) and only those of VDI 1 placed on it.
+	infos, err := listAll(ctx, hs, v, "n0", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 5 {
+		t.Errorf("listAll of VDI 2 on n0: %d objects, want 5", len(infos))
+	}
+	for _, in := range infos {
+		if in.ID.VDI() != 2 {
+			t.Errorf("listAll of VDI 2 returned object %s", in.ID)
+		}
+	}
+
 	// A copy that differs, a missing copy, an extra copy, an orphan.
 	reps, _ := v.Map.Place(object.Make(1, 0), 2, nil)
 	stores[reps[0]].WriteAt(object.Make(1, 0), 1, []byte{9}, 100, false)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +53,7 @@ func runUpCluster(ctx context.Context, cfg upCluster, w io.Writer) (err error) {
 	// leaves the folder as it was.
 	nl, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return upListenErr("--listen", cfg.Listen, err)
+		return serve.UpListenError("--listen", cfg.Listen, err)
 	}
 	defer func() {
 		if err != nil {
@@ -64,12 +63,12 @@ func runUpCluster(ctx context.Context, cfg upCluster, w io.Writer) (err error) {
 	var ml net.Listener
 	if cfg.Metrics != "" {
 		if ml, err = net.Listen("tcp", cfg.Metrics); err != nil {
-			return upListenErr("--metrics", cfg.Metrics, err)
+			return serve.UpListenError("--metrics", cfg.Metrics, err)
 		}
 		ml.Close() // reopened by serveMetrics below
 	}
 	if probe, perr := net.Listen("tcp", cfg.NodeListen); perr != nil {
-		return upListenErr("--node-listen", cfg.NodeListen, perr)
+		return serve.UpListenError("--node-listen", cfg.NodeListen, perr)
 	} else {
 		probe.Close()
 	}
@@ -155,13 +154,6 @@ func runUpCluster(ctx context.Context, cfg upCluster, w io.Writer) (err error) {
 		}
 	}
 	return nil
-}
-
-func upListenErr(flag, addr string, err error) error {
-	if errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("up: %s is in use (another ovis up or NBD server?); stop it or pass %s HOST:PORT", addr, flag)
-	}
-	return fmt.Errorf("up: cannot listen on %s (%s): %v", addr, flag, err)
 }
 
 // printUpAttach prints the served disk's URL, the commands that use it

@@ -67,13 +67,13 @@ func Up(ctx context.Context, cfg UpConfig, w io.Writer) error {
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
-		return upListenError("--listen", net.JoinHostPort(host, port), err)
+		return UpListenError("--listen", net.JoinHostPort(host, port), err)
 	}
 	defer ln.Close()
 	var mln net.Listener
 	if cfg.Metrics != "" {
 		if mln, err = net.Listen("tcp", cfg.Metrics); err != nil {
-			return upListenError("--metrics", cfg.Metrics, err)
+			return UpListenError("--metrics", cfg.Metrics, err)
 		}
 		defer mln.Close()
 	}
@@ -113,8 +113,9 @@ func Up(ctx context.Context, cfg UpConfig, w io.Writer) error {
 	return nil
 }
 
-// upListenError says why ovis up cannot serve on addr, and what to do.
-func upListenError(flag, addr string, err error) error {
+// UpListenError says why ovis up (either kind) cannot serve on addr, and
+// what to do.
+func UpListenError(flag, addr string, err error) error {
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return fmt.Errorf("up: %s is in use (another ovis up or NBD server?); stop it or pass %s HOST:PORT", addr, flag)
 	}
