@@ -8,9 +8,11 @@
 // Invariants:
 //
 //  1. A write (data, zeroes, discard) is acknowledged only once every
-//     replica of every object it touches has acknowledged it. A replica's
-//     failure fails the request: no write is acknowledged with a copy
-//     missing.
+//     replica of every object it touches has acknowledged it: no write
+//     is acknowledged with a copy missing. A replica that cannot be
+//     reached makes the request wait for the epoch that drops it, and go
+//     again to that epoch's placement (see retry); a refusal no epoch can
+//     change (a stale token, a full disk) fails it.
 //  2. A write with block.FUA goes to each replica as one request with
 //     protocol.FlagSync, and marks nothing dirty: each replica makes just
 //     that range durable before it answers. It never becomes a flush.
@@ -43,6 +45,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
@@ -80,6 +83,12 @@ type Config struct {
 	// lease may have expired refuses writes itself (the storage nodes
 	// refuse them too, by token, once a new owner fenced them).
 	Live func(now time.Time) bool
+
+	// Dead, when not nil, is told of a node whose port refused a
+	// connection: nothing listens there, so the node died or stopped
+	// serving, and the membership may drop it without waiting for its
+	// lease to expire. It must not block.
+	Dead func(id string)
 
 	// RetryTimeout bounds how long one request waits for the membership
 	// to settle (new epochs, nodes catching up) before it fails. Zero
@@ -142,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 // fence sends the token to every node of the epoch. Every node must take
 // it: a node that missed it would still take the old owner's writes.
 func (d *Device) fence(ctx context.Context) error {
-	return d.retry(ctx, func(v *View) error {
+	return d.retry(ctx, func(ctx context.Context, v *View) error {
 		nodes := v.Map.Nodes()
 		return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i].ID }, func(req *protocol.Request) {
 			req.Op = protocol.OpFence
@@ -237,44 +246,82 @@ func (d *Device) replicas(v *View, obj object.ID) ([]string, error) {
 	return nodes, nil
 }
 
-// retry runs try with the newest view, and again with a newer one while
-// a node refuses the request's epoch, until RetryTimeout.
-func (d *Device) retry(ctx context.Context, try func(v *View) error) error {
+// retry runs try with the newest view until it succeeds, fails for a
+// reason no membership change can end, or RetryTimeout passes.
+//
+// A node that knows a newer epoch (StatusOldEpoch) makes it wait for
+// that epoch's view. A node that could not be reached, is shutting down,
+// is behind (StatusNewEpoch) or is still recovering the object
+// (StatusSuspect) makes it try again after a short backoff, or as soon as
+// a newer epoch comes: a dead node leaves the membership when its lease
+// expires (or sooner, see Config.Dead), and the request then goes to the
+// new placement. Each attempt is abandoned when its view is superseded,
+// so a request stuck on a node cut off by a partition moves on with the
+// epoch that drops it. The client sees a stall, not an error.
+func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *View) error) error {
 	deadline := time.Now().Add(d.cfg.RetryTimeout)
 	v := d.cfg.Views.View()
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
-		err := try(v)
+		actx, stop := v.attempt(ctx)
+		err := try(actx, v)
+		stop()
 		if err == nil {
 			return nil
 		}
-		switch protocol.StatusOf(err) {
-		case protocol.StatusOldEpoch:
-			// A node knows a newer epoch: place the request by it.
-			wctx, cancel := context.WithDeadline(ctx, deadline)
-			nv, werr := d.cfg.Views.Await(wctx, v.Epoch)
-			cancel()
-			if werr != nil {
-				return fmt.Errorf("%w (and no newer epoch came: %v)", err, werr)
-			}
-			v = nv
-			continue
-		case protocol.StatusNewEpoch:
-			// The node has not caught up with our epoch yet.
-		default:
-			return err
-		}
-		if time.Now().Add(backoff).After(deadline) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			return fmt.Errorf("%w (while retrying: %v)", ctx.Err(), err)
-		case <-time.After(backoff):
 		}
-		if nv := d.cfg.Views.View(); nv.Epoch > v.Epoch {
+		if !retryable(err) {
+			return err
+		}
+		wait := backoff
+		if errors.Is(err, &protocol.Error{Status: protocol.StatusOldEpoch}) {
+			// A node knows a newer epoch: place the request by it.
+			wait = time.Until(deadline)
+		}
+		if left := time.Until(deadline); left <= 0 {
+			return fmt.Errorf("gateway: vdi %s: gave up after %v: %w", d.cfg.Name, d.cfg.RetryTimeout, err)
+		} else if wait > left {
+			wait = left
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		nv, werr := d.cfg.Views.Await(wctx, v.Epoch)
+		cancel()
+		switch {
+		case werr == nil:
 			v = nv
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w (while retrying: %v)", ctx.Err(), err)
+		default:
+			v = d.cfg.Views.View()
 		}
 	}
+}
+
+// retryable reports whether every failure in err is one that ends once
+// the membership settles: a node that could not be reached or whose call
+// was abandoned (its view was superseded), one shutting down, behind or
+// ahead of the request's epoch, or recovering the object. A refused
+// token, a full disk, a disk error or a malformed request is final.
+func retryable(err error) bool {
+	switch x := err.(type) {
+	case *protocol.Error:
+		switch x.Status {
+		case protocol.StatusOldEpoch, protocol.StatusNewEpoch, protocol.StatusShutdown, protocol.StatusSuspect:
+			return true
+		}
+		return false
+	case interface{ Unwrap() []error }:
+		for _, e := range x.Unwrap() {
+			if e != nil && !retryable(e) {
+				return false
+			}
+		}
+		return true
+	case interface{ Unwrap() error }:
+		return retryable(x.Unwrap())
+	}
+	return err != ErrLeaseLost && err != block.ErrClosed && err != block.ErrReadOnly
 }
 
 // fanOut sends one request to each of n nodes in parallel and waits for
@@ -290,6 +337,7 @@ func (d *Device) fanOut(ctx context.Context, v *View, n int, node func(i int) st
 		fill(&req)
 		var resp protocol.Response
 		if err := d.cfg.Net.Call(ctx, v.Addr[id], &req, &resp); err != nil {
+			d.refused(id, err)
 			errs[i] = fmt.Errorf("gateway: vdi %s: %s of object %s on node %s: %w", d.cfg.Name, req.Op, req.Object, id, err)
 			return
 		}
@@ -314,6 +362,13 @@ func (d *Device) fanOut(ctx context.Context, v *View, n int, node func(i int) st
 	return errors.Join(errs...)
 }
 
+// refused tells Config.Dead of a node that refused a connection.
+func (d *Device) refused(id string, err error) {
+	if d.cfg.Dead != nil && errors.Is(err, syscall.ECONNREFUSED) {
+		d.cfg.Dead(id)
+	}
+}
+
 func (d *Device) markDirty(id string) {
 	d.mu.Lock()
 	d.dirty[id] = struct{}{}
@@ -331,7 +386,7 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 		done = d.markDirty
 	}
 	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
-		return d.retry(ctx, func(v *View) error {
+		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			nodes, err := d.replicas(v, pc.obj)
 			if err != nil {
 				return err
@@ -407,7 +462,7 @@ func (d *Device) Flush(ctx context.Context) error {
 	slices.Sort(ids)
 	flushed := map[string]bool{}
 	var fmu sync.Mutex
-	err := d.retry(ctx, func(v *View) error {
+	err := d.retry(ctx, func(ctx context.Context, v *View) error {
 		var todo []string
 		fmu.Lock()
 		for _, id := range ids {
@@ -480,6 +535,7 @@ func (d *Device) askOne(ctx context.Context, v *View, obj object.ID, fill func(r
 		if ctx.Err() != nil {
 			return false, fmt.Errorf("gateway: vdi %s: object %s: %w", d.cfg.Name, obj, ctx.Err())
 		}
+		d.refused(id, err)
 		errs = append(errs, fmt.Errorf("node %s: %w", id, err))
 	}
 	if noent {
@@ -495,7 +551,7 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	err := d.each(d.pieces(off, int64(len(p))), func(_ int, pc piece) error {
 		buf := p[pc.pos : pc.pos+pc.n]
-		return d.retry(ctx, func(v *View) error {
+		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			resp := protocol.Response{Payload: buf[:0]}
 			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
 				req.Op = protocol.OpRead
@@ -530,7 +586,7 @@ func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) 
 	ps := d.pieces(off, n)
 	runs := make([][]protocol.Extent, len(ps))
 	err := d.each(ps, func(i int, pc piece) error {
-		return d.retry(ctx, func(v *View) error {
+		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			var resp protocol.Response
 			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
 				req.Op = protocol.OpExtents

@@ -14,6 +14,34 @@ type View struct {
 	Map   *placement.Map
 	// Addr maps a node's ID to its node-to-node address.
 	Addr map[string]string
+
+	// life ends when a newer view supersedes this one (Supersede); a
+	// View built as a literal has none and is never superseded.
+	life context.Context
+	end  context.CancelFunc
+}
+
+// Supersede marks v as replaced by a newer view: calls still in flight
+// on it are abandoned, and the gateway places them again by the newer
+// view. The Views implementation calls it when it takes a newer view.
+func (v *View) Supersede() {
+	if v.end != nil {
+		v.end()
+	}
+}
+
+// attempt returns the context of one try of a request on v: ctx, ended
+// early when v is superseded. stop releases it.
+func (v *View) attempt(ctx context.Context) (context.Context, func()) {
+	if v.life == nil {
+		return ctx, func() {}
+	}
+	actx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(v.life, cancel)
+	return actx, func() {
+		unhook()
+		cancel()
+	}
 }
 
 // NewView builds the View of one epoch from its node list.
@@ -27,7 +55,8 @@ func NewView(epoch uint64, nodes []placement.Node, addrs map[string]string) (*Vi
 			return nil, fmt.Errorf("gateway: epoch %d: node %s has no address", epoch, n.ID)
 		}
 	}
-	return &View{Epoch: epoch, Map: m, Addr: addrs}, nil
+	life, end := context.WithCancel(context.Background())
+	return &View{Epoch: epoch, Map: m, Addr: addrs, life: life, end: end}, nil
 }
 
 // Views hands the gateway the membership as it changes. Implementations

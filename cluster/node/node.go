@@ -115,6 +115,7 @@ type Node struct {
 	nsrv    *nbd.Server
 	nlis    net.Listener
 	vdis    *vdis
+	dead    *deadNodes
 	m       *Metrics
 
 	cancel context.CancelFunc // ends the views watch and the fence watch
@@ -208,7 +209,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.addr = cfg.Advertise; n.addr == "" {
 		n.addr = n.plis.Addr().String()
 	}
-	n.reg, err = n.mc.Join(ctx, membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: cfg.Zone, Weight: cfg.Weight}, cfg.LeaseTTL)
+	info := membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: cfg.Zone, Weight: cfg.Weight}
+	n.reg, err = n.mc.Join(ctx, info, cfg.LeaseTTL)
+	if errors.Is(err, membership.ErrDuplicateNode) {
+		// This process holds the data directory's lock, so a registration
+		// of this node at this address is a dead process's (a crash, a
+		// kill): end it rather than wait out its lease.
+		if ok, eerr := n.mc.Evict(ctx, n.id, n.addr); eerr == nil && ok {
+			n.reg, err = n.mc.Join(ctx, info, cfg.LeaseTTL)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
@@ -224,6 +234,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.pool = protocol.NewPool(dial)
 	n.vdis = newVDIs(n)
+	n.dead = &deadNodes{n: n, last: map[string]time.Time{}}
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
@@ -253,6 +264,21 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}()
 	n.log.Info("node started", "listen", n.plis.Addr().String(), "etcd", strings.Join(endpoints, ","), "epoch", n.views.Epoch())
 	return n, nil
+}
+
+// spawn runs f in a goroutine that Close waits for, unless the node has
+// stopped.
+func (n *Node) spawn(f func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopped {
+		return
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
 }
 
 // goServe runs a server's Serve and stops the node when it fails.

@@ -69,7 +69,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
 	}
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectShift: v.ObjectShift,
-		Views: r.n.views, Net: r.n.net, Local: r.n.id}
+		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report}
 	if lk != nil {
 		cfg.Token = lk.Token
 		cfg.Live = r.n.reg.Valid

@@ -75,7 +75,9 @@ func (vs *Views) set(v *gateway.View) {
 	if v.Epoch <= vs.v.Epoch {
 		return
 	}
+	old := vs.v
 	vs.v = v
+	old.Supersede()
 	close(vs.wake)
 	vs.wake = make(chan struct{})
 	vs.log.Info("membership epoch", "epoch", v.Epoch, "nodes", len(v.Addr))
