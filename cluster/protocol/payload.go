@@ -20,7 +20,17 @@ type ObjectInfo struct {
 	// Allocated is the bytes of the object allocated on disk, from 0 to
 	// MaxObjectSpan.
 	Allocated int64
+	// Suspect: the copy may be torn after a crash. Tombstone: the object
+	// was removed, and Version is the removal's.
+	Suspect, Tombstone bool
 }
+
+// Flag bits of an ObjectInfo, in the top byte of its third word.
+const (
+	infoSuspect   = 1 << 56
+	infoTombstone = 1 << 57
+	infoFlags     = 0xff << 56
+)
 
 // ObjectInfoLen is the encoded size of one ObjectInfo.
 const ObjectInfoLen = 24
@@ -29,12 +39,21 @@ const ObjectInfoLen = 24
 const MaxListEntries = MaxPayload / ObjectInfoLen
 
 // AppendObjectInfos appends the encoding of infos to dst: each as id
-// u64, version u64, allocated i64, big-endian.
+// u64, version u64, then allocated in the low 56 bits and the flags
+// (bit 56 suspect, bit 57 tombstone) in the top byte of a u64,
+// big-endian.
 func AppendObjectInfos(dst []byte, infos []ObjectInfo) []byte {
 	for _, in := range infos {
 		dst = binary.BigEndian.AppendUint64(dst, uint64(in.ID))
 		dst = binary.BigEndian.AppendUint64(dst, in.Version)
-		dst = binary.BigEndian.AppendUint64(dst, uint64(in.Allocated))
+		w := uint64(in.Allocated)
+		if in.Suspect {
+			w |= infoSuspect
+		}
+		if in.Tombstone {
+			w |= infoTombstone
+		}
+		dst = binary.BigEndian.AppendUint64(dst, w)
 	}
 	return dst
 }
@@ -51,10 +70,16 @@ func ParseObjectInfos(dst []ObjectInfo, p []byte) ([]ObjectInfo, error) {
 	dst = growCap(dst, n)
 	for i := 0; i < n; i++ {
 		b := p[i*ObjectInfoLen:]
+		w := binary.BigEndian.Uint64(b[16:])
 		in := ObjectInfo{
 			ID:        object.ID(binary.BigEndian.Uint64(b[0:])),
 			Version:   binary.BigEndian.Uint64(b[8:]),
-			Allocated: int64(binary.BigEndian.Uint64(b[16:])),
+			Allocated: int64(w &^ infoFlags),
+			Suspect:   w&infoSuspect != 0,
+			Tombstone: w&infoTombstone != 0,
+		}
+		if f := w & infoFlags &^ (infoSuspect | infoTombstone); f != 0 {
+			return dst, fmt.Errorf("%w: object info %d (%s): unknown flags %#x", ErrPayload, i, in.ID, f>>56)
 		}
 		if in.Allocated < 0 || in.Allocated > MaxObjectSpan {
 			return dst, fmt.Errorf("%w: object info %d (%s): allocated %d out of [0, %d]", ErrPayload, i, in.ID, in.Allocated, MaxObjectSpan)

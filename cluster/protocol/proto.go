@@ -65,10 +65,14 @@ const (
 	OpChecksum    Op = 11 // CRC32C of Length bytes at Offset, and the version
 	OpExtents     Op = 12 // allocated and hole ranges of Length bytes at Offset
 	OpAdmin       Op = 13 // an admin command: a framed JSON request in Payload (cluster/node)
+	// OpListFor lists, from ID Offset, the objects this node holds of
+	// which the node named in Payload is a replica in the request's
+	// epoch: recovery's question "what should I hold, and where is it".
+	OpListFor Op = 14
 )
 
 // maxOp is the highest opcode this version knows.
-const maxOp = OpAdmin
+const maxOp = OpListFor
 
 // bounds says how an op's Offset and Length are checked before a
 // handler runs.
@@ -78,6 +82,7 @@ const (
 	boundsNone   bounds = iota // Offset and Length carry nothing and must be 0
 	boundsObject               // Offset+Length ≤ MaxObjectSpan
 	boundsList                 // Offset is a cursor (first ID); Length ≤ MaxListEntries
+	boundsCursor               // Offset is a cursor (first ID); Length is the payload's
 )
 
 // opSpec is what the common checks know about one op. The table is the
@@ -102,7 +107,7 @@ type opSpec struct {
 
 var ops = [...]opSpec{
 	OpHello:       {name: "hello", payload: true, maxPayload: MaxHelloPayload},
-	OpRead:        {name: "read", readLen: true, bounds: boundsObject},
+	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery},
 	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync, write: true},
 	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap, write: true},
 	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync, write: true},
@@ -112,8 +117,9 @@ var ops = [...]opSpec{
 	OpStat:        {name: "stat"},
 	OpList:        {name: "list", bounds: boundsList},
 	OpChecksum:    {name: "checksum", bounds: boundsObject},
-	OpExtents:     {name: "extents", bounds: boundsObject},
+	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery},
 	OpAdmin:       {name: "admin", payload: true},
+	OpListFor:     {name: "list-for", payload: true, maxPayload: MaxHelloPayload, bounds: boundsCursor},
 }
 
 // Known reports whether this version of the protocol defines op.
@@ -141,6 +147,10 @@ const (
 	// FlagNoUnmap asks OpWriteZeroes to allocate the range rather than
 	// deallocate it (NBD's NO_HOLE).
 	FlagNoUnmap Flags = 1 << 1
+	// FlagRecovery asks OpRead and OpExtents for the copy as the node
+	// holds it, suspect or not, without recovering it first: recovery
+	// reads the source it chose, as it is.
+	FlagRecovery Flags = 1 << 2
 
 	// flagPayload is set by the encoder when Length bytes of payload
 	// follow the header. It frames the stream: a receiver can skip the
@@ -148,7 +158,7 @@ const (
 	flagPayload Flags = 1 << 15
 
 	// knownFlags are the flags this version defines for callers.
-	knownFlags = FlagSync | FlagNoUnmap
+	knownFlags = FlagSync | FlagNoUnmap | FlagRecovery
 )
 
 // String lists the flags by name, "sync|no-unmap", or "0".
@@ -168,6 +178,9 @@ func (f Flags) String() string {
 	}
 	if f&FlagNoUnmap != 0 {
 		add("no-unmap")
+	}
+	if f&FlagRecovery != 0 {
+		add("recovery")
 	}
 	if rest := f &^ knownFlags; rest != 0 {
 		add(fmt.Sprintf("%#x", uint16(rest)))

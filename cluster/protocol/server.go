@@ -459,6 +459,10 @@ func check(req *Request, crcOK bool, crc uint32) (Status, string) {
 		if req.Length > MaxListEntries {
 			return StatusEINVAL, fmt.Sprintf("list %s: %d entries over %d", req.Object, req.Length, MaxListEntries)
 		}
+	case boundsCursor:
+		if len(req.Payload) == 0 {
+			return StatusEINVAL, fmt.Sprintf("%s: no node named in the payload", req.Op)
+		}
 	case boundsNone:
 		if req.Offset != 0 || (req.Payload == nil && req.Length != 0) {
 			return StatusEINVAL, fmt.Sprintf("%s %s: offset %d length %d, want 0", req.Op, req.Object, req.Offset, req.Length)
