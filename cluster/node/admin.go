@@ -81,7 +81,21 @@ type NodeStatus struct {
 	Objects   int    `json:"objects"`
 	Allocated int64  `json:"used"`
 	Free      int64  `json:"free"`
-	Error     string `json:"error,omitempty"`
+	// Recovery is the node's recovery progress.
+	Recovery RecoveryStats `json:"recovery"`
+	Error    string        `json:"error,omitempty"`
+}
+
+// RecoveryState says in a few words where a node's recovery stands.
+func (s NodeStatus) RecoveryState() string {
+	r := s.Recovery
+	switch {
+	case r.Done >= s.Epoch:
+		return "done"
+	case !r.Listed:
+		return "listing"
+	}
+	return fmt.Sprintf("%d left", r.Pending)
 }
 
 // Info is what `ovis cluster info` shows.
@@ -233,7 +247,7 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 }
 
 func (n *Node) self() NodeStatus {
-	s := NodeStatus{ID: n.id, Addr: n.Addr(), Zone: n.cfg.Zone, Weight: n.cfg.Weight, State: "up", Epoch: n.views.Epoch()}
+	s := NodeStatus{ID: n.id, Addr: n.Addr(), Zone: n.cfg.Zone, Weight: n.cfg.Weight, State: "up", Epoch: n.views.Epoch(), Recovery: n.rec.Stats()}
 	if u, err := n.st.Usage(); err == nil {
 		s.Objects, s.Allocated, s.Free = u.Objects, u.Allocated, u.Free
 	} else {

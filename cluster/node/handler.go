@@ -34,36 +34,23 @@ type Handler struct {
 	Metrics *Metrics
 	// Admin, when not nil, serves OpAdmin.
 	Admin func(ctx context.Context, req *protocol.Request, resp *protocol.Response)
-	// Authority, when not nil, says whether this node may take an object
-	// it does not hold as never written: nil when it has been one of the
-	// object's replicas in every epoch since its VDI was created, so that
-	// every write of it reached this node. Otherwise the object may live
-	// on nodes that held it before a membership change, which recovery
-	// (not written yet) would bring here: the node refuses to create it
-	// and does not answer "no such object" for it, so that neither a
-	// partial new copy nor zeros are ever served in place of its data.
-	Authority func(ctx context.Context, obj object.ID) error
+	// Ready, when not nil, is asked before a request on an object is
+	// served from the local copy (and is not asked for recovery's own
+	// requests, which carry protocol.FlagRecovery): it returns once the
+	// copy is current in epoch, recovering it first when it may not be
+	// (see recoverer). An error refuses the request with StatusSuspect,
+	// which the gateway retries.
+	Ready func(ctx context.Context, obj object.ID, epoch uint64) error
+	// Repair, when not nil, recovers a copy the store found suspect
+	// while serving a request; the request is then served again.
+	Repair func(ctx context.Context, obj object.ID, epoch uint64) error
+	// ListFor serves OpListFor: the objects held here of which node
+	// target is a replica in epoch, from ID cursor on.
+	ListFor func(ctx context.Context, epoch uint64, target string, cursor uint64) ([]protocol.ObjectInfo, error)
 	// Live, when not nil, says whether the node's membership lease still
 	// holds by its own clock; a node whose lease may have expired serves
 	// nothing but HELLO and admin requests.
 	Live func(now time.Time) bool
-}
-
-// authoritative applies Authority to an object the store does not hold.
-func (h *Handler) authoritative(ctx context.Context, obj object.ID) error {
-	if h.Authority == nil {
-		return nil
-	}
-	return h.Authority(ctx, obj)
-}
-
-// mayCreate checks, before a write, that an object this node lacks may
-// be created here.
-func (h *Handler) mayCreate(ctx context.Context, obj object.ID) error {
-	if _, err := h.Store.Stat(obj); !errors.Is(err, store.ErrNotFound) {
-		return nil // held here (or suspect, which the write reports)
-	}
-	return h.authoritative(ctx, obj)
 }
 
 // epochChecked says whether op carries an epoch that must match: every
@@ -108,25 +95,50 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			resp.Epoch = h.Epochs.Epoch()
 		}
 	}
-	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList {
+	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList && req.Op != protocol.OpListFor {
 		if err := checkRange(req); err != nil {
 			fail(resp, protocol.StatusEINVAL, err.Error())
 			return
 		}
 	}
+	if onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Ready != nil {
+		if err := h.Ready(ctx, req.Object, req.Epoch); err != nil {
+			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is being recovered here: %v", req.Object, err))
+			return
+		}
+	}
+	h.apply(ctx, req, resp)
+	if resp.Status == protocol.StatusSuspect && onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Repair != nil {
+		// The copy was found torn (a crash left it so): recover it from
+		// its peers, then serve the request from the repaired copy.
+		if err := h.Repair(ctx, req.Object, req.Epoch); err != nil {
+			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: the copy here is suspect and its repair failed: %v", req.Object, err))
+			return
+		}
+		resp.Payload = resp.Payload[:0]
+		h.apply(ctx, req, resp)
+	}
+}
+
+// onObject says whether op reads or changes one object's copy, so that
+// the copy must be current before it is served.
+func onObject(op protocol.Op) bool {
+	switch op {
+	case protocol.OpRead, protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard, protocol.OpRemove,
+		protocol.OpStat, protocol.OpChecksum, protocol.OpExtents:
+		return true
+	}
+	return false
+}
+
+// apply serves a request that passed the epoch and readiness checks.
+func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
 	st := h.Store
 	sync := req.Flags&protocol.FlagSync != 0
 	var (
 		ver uint64
 		err error
 	)
-	switch req.Op {
-	case protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard:
-		if err := h.mayCreate(ctx, req.Object); err != nil {
-			fail(resp, protocol.StatusSuspect, err.Error())
-			return
-		}
-	}
 	switch req.Op {
 	case protocol.OpHello:
 	case protocol.OpAdmin:
@@ -181,6 +193,16 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			}
 			resp.Payload = protocol.AppendObjectInfos(resp.Payload[:0], out)
 		}
+	case protocol.OpListFor:
+		if h.ListFor == nil {
+			fail(resp, protocol.StatusUnsupported, "this node does not serve recovery listings")
+			return
+		}
+		var out []protocol.ObjectInfo
+		out, err = h.ListFor(ctx, req.Epoch, string(req.Payload), req.Offset)
+		if err == nil {
+			resp.Payload = protocol.AppendObjectInfos(resp.Payload[:0], out)
+		}
 	case protocol.OpChecksum:
 		var crc uint32
 		crc, ver, err = st.Checksum(req.Object)
@@ -201,12 +223,6 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		fail(resp, protocol.StatusUnsupported, fmt.Sprintf("op %s", req.Op))
 		return
 	}
-	if errors.Is(err, store.ErrNotFound) && (req.Op == protocol.OpRead || req.Op == protocol.OpExtents || req.Op == protocol.OpChecksum) {
-		if aerr := h.authoritative(ctx, req.Object); aerr != nil {
-			fail(resp, protocol.StatusSuspect, aerr.Error())
-			return
-		}
-	}
 	if err != nil {
 		fail(resp, statusOf(err), err.Error())
 		return
@@ -216,7 +232,7 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 }
 
 func infoOf(in store.Info) protocol.ObjectInfo {
-	return protocol.ObjectInfo{ID: in.ID, Version: in.Version, Allocated: in.Allocated}
+	return protocol.ObjectInfo{ID: in.ID, Version: in.Version, Allocated: in.Allocated, Suspect: in.Suspect, Tombstone: infoTombstone(in)}
 }
 
 // checkRange refuses a range outside any object before the store sees it.

@@ -116,6 +116,7 @@ type Node struct {
 	nlis    net.Listener
 	vdis    *vdis
 	dead    *deadNodes
+	rec     *recoverer
 	m       *Metrics
 
 	cancel context.CancelFunc // ends the views watch and the fence watch
@@ -235,7 +236,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.pool = protocol.NewPool(dial)
 	n.vdis = newVDIs(n)
 	n.dead = &deadNodes{n: n, last: map[string]time.Time{}}
-	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Authority: newAuthority(n).check, Live: n.reg.Valid}
+	rec, err := n.mc.Recovered(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node: %w", err)
+	}
+	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
+	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.reg.Valid,
+		Ready: n.rec.ready, Repair: n.rec.repair, ListFor: n.listFor}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
@@ -261,6 +268,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.stop(errors.New("node: fenced: the membership lease was lost"))
 		case <-wctx.Done():
 		}
+	}()
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.rec.loop(wctx)
 	}()
 	n.log.Info("node started", "listen", n.plis.Addr().String(), "etcd", strings.Join(endpoints, ","), "epoch", n.views.Epoch())
 	return n, nil

@@ -213,9 +213,13 @@ func newNodeListCmd() *cobra.Command {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), nodes, func(w io.Writer) {
-				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tWEIGHT\tSTATE\tEPOCH\tOBJECTS\tUSED\tFREE")
+				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tWEIGHT\tSTATE\tEPOCH\tRECOVERY\tOBJECTS\tUSED\tFREE")
 				for _, n := range nodes {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", n.ID, n.Addr, n.Zone, n.Weight, n.State, n.Epoch, n.Objects,
+					rs := n.RecoveryState()
+					if n.State != "up" {
+						rs = "-"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t%d\t%s\t%d\t%s\t%s\n", n.ID, n.Addr, n.Zone, n.Weight, n.State, n.Epoch, rs, n.Objects,
 						img.FormatSize(uint64(n.Allocated)), img.FormatSize(uint64(max(n.Free, 0))))
 				}
 			})

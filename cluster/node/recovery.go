@@ -1,0 +1,729 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/recovery"
+	"github.com/ovis-storage/ovis/cluster/store"
+)
+
+// recoverer brings this node's copies up to date after every epoch
+// change, and answers the handler's question "may this object be served
+// as it is here" (ready). The decisions are cluster/recovery's; this is
+// the loop that gathers the copies and carries the steps out.
+//
+// A run recovers one epoch E:
+//
+//  1. List: every node of E says which objects it holds that are placed
+//     on this node in E (OpListFor), with versions; this node adds its
+//     own. recovery.Decide gives a step for each; those not Keep are
+//     pending.
+//  2. Pull: workers carry out the pending steps, in parallel.
+//  3. Record: E is written as this node's recovered epoch in etcd, then
+//     kept in done: from then on every object is served without a check.
+//  4. Drop: copies this node holds but is no longer placed for are
+//     deleted once every node placed for them has recorded E
+//     (recovery.MayDrop).
+//
+// A newer epoch cancels the run and starts another; what was pulled
+// stays pulled (its version now equals the source's), so the new run
+// lists again but pulls only what is still behind.
+//
+// Until the run of the current epoch is done, a request for an object
+// is served at once when the object is known current: listed and not
+// pending, or (before the listing ends) placed on this node in every
+// epoch since the node's last recovered epoch (or the VDI's creation),
+// so that every write of it reached this node. Any other object is
+// recovered on demand first (its copies stat'ed on every node of the
+// epoch), so that a VM runs while recovery goes on and is never served a
+// stale copy.
+//
+// Locking: mu guards the run's state; it is never held across I/O. An
+// object being recovered is in busy, whose channel closes when it is
+// done; requests for it wait on the channel.
+type recoverer struct {
+	n *Node
+	a *authority
+
+	done atomic.Uint64 // the last epoch whose run completed
+
+	mu      sync.Mutex
+	epoch   uint64 // the epoch of the run under way (or last run)
+	listed  bool   // the run's listing is complete: pending is exact
+	pending map[object.ID]recovery.Step
+	early   map[object.ID]bool // recovered on demand before the listing ended
+	busy    map[object.ID]chan struct{}
+	stats   RecoveryStats
+	kick    chan struct{} // a new epoch to recover
+}
+
+// RecoveryStats is what node list shows of a node's recovery.
+type RecoveryStats struct {
+	Epoch     uint64 `json:"epoch"`     // the epoch being (or last) recovered
+	Done      uint64 `json:"done"`      // the last epoch completely recovered
+	Listed    bool   `json:"listed"`    // the listing of Epoch is complete
+	Pending   int    `json:"pending"`   // objects still to recover
+	Recovered int64  `json:"recovered"` // objects recovered in this run
+	Bytes     int64  `json:"bytes"`     // bytes pulled in this run
+	Dropped   int64  `json:"dropped"`   // copies dropped in this run
+}
+
+func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
+	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, early: map[object.ID]bool{},
+		busy: map[object.ID]chan struct{}{}, kick: make(chan struct{}, 1)}
+	r.done.Store(done)
+	return r
+}
+
+// Stats returns the recovery's progress.
+func (r *recoverer) Stats() RecoveryStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.stats
+	s.Epoch, s.Done, s.Listed, s.Pending = r.epoch, r.done.Load(), r.listed, len(r.pending)
+	return s
+}
+
+// loop runs recovery for every new epoch until ctx ends.
+func (r *recoverer) loop(ctx context.Context) {
+	for {
+		v := r.n.views.View()
+		if v.Epoch > r.done.Load() {
+			rctx, cancel := context.WithCancel(ctx)
+			go func() {
+				// A newer epoch ends this run.
+				if _, err := r.n.views.Await(rctx, v.Epoch); err == nil {
+					cancel()
+				}
+			}()
+			err := r.run(rctx, v)
+			cancel()
+			if err != nil && ctx.Err() == nil && r.n.views.Epoch() == v.Epoch {
+				r.n.log.Warn("recovery", "epoch", v.Epoch, "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+			continue
+		}
+		if _, err := r.n.views.Await(ctx, v.Epoch); err != nil {
+			return
+		}
+	}
+}
+
+// run recovers epoch v.Epoch.
+func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
+	r.mu.Lock()
+	if r.epoch != v.Epoch {
+		r.epoch, r.listed = v.Epoch, false
+		r.pending = map[object.ID]recovery.Step{}
+		r.early = map[object.ID]bool{}
+		r.stats = RecoveryStats{}
+	}
+	r.mu.Unlock()
+	start := time.Now()
+
+	held, err := r.gather(ctx, v)
+	if err != nil {
+		return err
+	}
+	pending := map[object.ID]recovery.Step{}
+	for obj, copies := range held {
+		if st := recovery.Decide(r.n.id, copies); st.Action != recovery.Keep {
+			pending[obj] = st
+		}
+	}
+	r.mu.Lock()
+	if r.epoch != v.Epoch {
+		r.mu.Unlock()
+		return nil
+	}
+	for obj := range r.early {
+		delete(pending, obj)
+	}
+	r.pending, r.listed = pending, true
+	r.mu.Unlock()
+	r.n.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "took", time.Since(start).Round(time.Millisecond))
+
+	if err := r.pullAll(ctx, v); err != nil {
+		return err
+	}
+	if err := r.n.mc.SetRecovered(ctx, r.n.id, v.Epoch); err != nil {
+		return err
+	}
+	r.done.Store(v.Epoch)
+	st := r.Stats()
+	r.n.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
+	return r.dropMoved(ctx, v)
+}
+
+// gather lists, from every node of v and from the local store, the
+// copies of the objects placed on this node in v.
+func (r *recoverer) gather(ctx context.Context, v *gateway.View) (map[object.ID][]recovery.Copy, error) {
+	held := map[object.ID][]recovery.Copy{}
+	own, err := r.n.st.List(0)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: listing the local store: %w", err)
+	}
+	for _, in := range own {
+		placed, err := r.placedOn(ctx, v, in.ID, r.n.id)
+		if err != nil {
+			return nil, err
+		}
+		if placed {
+			held[in.ID] = append(held[in.ID], recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: infoTombstone(in)})
+		}
+	}
+	ids := make([]string, 0, len(v.Addr))
+	for id := range v.Addr {
+		if id != r.n.id {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	type listing struct {
+		infos []protocol.ObjectInfo
+		err   error
+	}
+	out := make([]listing, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].infos, out[i].err = r.listFor(ctx, v, id)
+		}()
+	}
+	wg.Wait()
+	for i, id := range ids {
+		if out[i].err != nil {
+			return nil, fmt.Errorf("recovery: epoch %d: %w", v.Epoch, out[i].err)
+		}
+		for _, in := range out[i].infos {
+			held[in.ID] = append(held[in.ID], recovery.Copy{Node: id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
+		}
+	}
+	return held, nil
+}
+
+// listFor pages through OpListFor on node id, retrying a node that does
+// not answer until ctx ends (a dead node leaves the epoch, which ends
+// the run).
+func (r *recoverer) listFor(ctx context.Context, v *gateway.View, id string) ([]protocol.ObjectInfo, error) {
+	var all []protocol.ObjectInfo
+	for cursor, backoff := uint64(0), 10*time.Millisecond; ; {
+		var resp protocol.Response
+		req := &protocol.Request{Op: protocol.OpListFor, Epoch: v.Epoch, Offset: cursor, Payload: []byte(r.n.id)}
+		err := r.n.net.Call(ctx, v.Addr[id], req, &resp)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("listing node %s: %w", id, ctx.Err())
+			}
+			r.n.dead.report(id)
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("listing node %s: %w (after %v)", id, ctx.Err(), err)
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		page, err := protocol.ParseObjectInfos(nil, resp.Payload)
+		if err != nil {
+			return nil, fmt.Errorf("listing node %s: %w", id, err)
+		}
+		all = append(all, page...)
+		if len(page) < protocol.MaxListEntries {
+			return all, nil
+		}
+		cursor = uint64(page[len(page)-1].ID) + 1
+	}
+}
+
+// serveListFor lists the objects held here of which node target is a
+// replica in view v, from ID cursor on.
+func (r *recoverer) serveListFor(ctx context.Context, v *gateway.View, target string, cursor uint64) ([]protocol.ObjectInfo, error) {
+	infos, err := r.n.st.List(0)
+	if err != nil {
+		return nil, err
+	}
+	var out []protocol.ObjectInfo
+	for _, in := range infos {
+		if uint64(in.ID) < cursor {
+			continue
+		}
+		placed, err := r.placedOn(ctx, v, in.ID, target)
+		if err != nil {
+			return nil, err
+		}
+		if placed {
+			out = append(out, infoOf(in))
+			if len(out) == protocol.MaxListEntries {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// placedOn reports whether node id is one of obj's replicas in v. An
+// object of a VDI the table no longer has is placed nowhere.
+func (r *recoverer) placedOn(ctx context.Context, v *gateway.View, obj object.ID, id string) (bool, error) {
+	reps, err := r.replicas(ctx, v, obj)
+	if errors.Is(err, errNoVDI) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(reps, id), nil
+}
+
+var errNoVDI = errors.New("no such VDI")
+
+func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID) ([]string, error) {
+	vd, err := r.a.vdi(ctx, obj.VDI())
+	if err != nil {
+		if isNotFound(err) {
+			return nil, fmt.Errorf("object %s: %w", obj, errNoVDI)
+		}
+		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	reps, err := v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), nil)
+	if err != nil {
+		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, v.Epoch, err)
+	}
+	return reps, nil
+}
+
+// pullAll carries out the pending steps with a few workers, until none
+// is left or ctx ends. A step that fails is tried again after a pause.
+func (r *recoverer) pullAll(ctx context.Context, v *gateway.View) error {
+	for {
+		r.mu.Lock()
+		var todo []object.ID
+		for obj := range r.pending {
+			if r.busy[obj] == nil {
+				todo = append(todo, obj)
+			}
+		}
+		left := len(r.pending)
+		r.mu.Unlock()
+		if left == 0 {
+			return nil
+		}
+		slices.Sort(todo)
+		work := make(chan object.ID)
+		var wg sync.WaitGroup
+		var failed atomic.Int64
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for obj := range work {
+					if err := r.recoverPending(ctx, v, obj); err != nil {
+						failed.Add(1)
+						if ctx.Err() == nil {
+							r.n.log.Warn("recovery: object", "object", obj.String(), "err", err)
+						}
+					}
+				}
+			}()
+		}
+	feed:
+		for _, obj := range todo {
+			select {
+			case work <- obj:
+			case <-ctx.Done():
+				break feed
+			}
+		}
+		close(work)
+		wg.Wait()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if failed.Load() > 0 || len(todo) == 0 {
+			// Failures wait before another pass; with nothing to take,
+			// on-demand recoveries hold the rest.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// recoverPending carries out obj's pending step, unless a request got to
+// it first.
+func (r *recoverer) recoverPending(ctx context.Context, v *gateway.View, obj object.ID) error {
+	r.mu.Lock()
+	st, ok := r.pending[obj]
+	if !ok || r.busy[obj] != nil || r.epoch != v.Epoch {
+		r.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	r.busy[obj] = ch
+	r.mu.Unlock()
+	err := r.apply(ctx, v, obj, st)
+	r.mu.Lock()
+	delete(r.busy, obj)
+	if err == nil && r.epoch == v.Epoch {
+		delete(r.pending, obj)
+	}
+	r.mu.Unlock()
+	close(ch)
+	return err
+}
+
+// ready returns nil once obj may be served from this node's copy in
+// epoch e: at once when it is known current, else after recovering it
+// on demand. The handler calls it for every request on an object.
+func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64) error {
+	if r.done.Load() >= e {
+		return nil
+	}
+	for {
+		r.mu.Lock()
+		ch := r.busy[obj]
+		if ch == nil {
+			break
+		}
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// r.mu is held.
+	if r.listed && r.epoch == e {
+		if _, ok := r.pending[obj]; !ok {
+			r.mu.Unlock()
+			return nil
+		}
+	}
+	r.mu.Unlock()
+	v := r.n.views.View()
+	if v.Epoch != e {
+		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
+	}
+	if !r.listedFor(e) {
+		ok, err := r.continuous(ctx, obj, e)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+	}
+	return r.now(ctx, v, obj)
+}
+
+func (r *recoverer) listedFor(e uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.listed && r.epoch == e
+}
+
+// now recovers obj on demand: its copies are stat'ed on every node of v,
+// and the decision carried out at once.
+func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) error {
+	r.mu.Lock()
+	for r.busy[obj] != nil {
+		ch := r.busy[obj]
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		r.mu.Lock()
+	}
+	ch := make(chan struct{})
+	r.busy[obj] = ch
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.busy, obj)
+		r.mu.Unlock()
+		close(ch)
+	}()
+	copies, err := r.statAll(ctx, v, obj)
+	if err != nil {
+		return err
+	}
+	st := recovery.Decide(r.n.id, copies)
+	if err := r.apply(ctx, v, obj, st); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	if r.epoch == v.Epoch {
+		delete(r.pending, obj)
+		if !r.listed {
+			r.early[obj] = true
+		}
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+// repair recovers a copy found suspect while serving a request.
+func (r *recoverer) repair(ctx context.Context, obj object.ID, e uint64) error {
+	v := r.n.views.View()
+	if v.Epoch != e {
+		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
+	}
+	return r.now(ctx, v, obj)
+}
+
+// statAll asks every node of v for its copy of obj.
+func (r *recoverer) statAll(ctx context.Context, v *gateway.View, obj object.ID) ([]recovery.Copy, error) {
+	var copies []recovery.Copy
+	if in, err := r.n.st.Stat(obj); err == nil {
+		copies = append(copies, recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: infoTombstone(in)})
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("object %s: %w", obj, err)
+	}
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for id, addr := range v.Addr {
+		if id == r.n.id {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var resp protocol.Response
+			req := &protocol.Request{Op: protocol.OpStat, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj}
+			err := r.n.net.Call(ctx, addr, req, &resp)
+			if protocol.StatusOf(err) == protocol.StatusNoEnt {
+				return
+			}
+			var infos []protocol.ObjectInfo
+			if err == nil {
+				infos, err = protocol.ParseObjectInfos(nil, resp.Payload)
+				if err == nil && len(infos) != 1 {
+					err = fmt.Errorf("%d object infos", len(infos))
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				r.n.dead.report(id)
+				errs = append(errs, fmt.Errorf("stat on node %s: %w", id, err))
+				return
+			}
+			copies = append(copies, recovery.Copy{Node: id, Version: infos[0].Version, Suspect: infos[0].Suspect, Tombstone: infos[0].Tombstone})
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		// A node that did not answer may hold the newest copy: deciding
+		// without it could serve a stale one.
+		return nil, fmt.Errorf("object %s: recovery: %w", obj, errors.Join(errs...))
+	}
+	return copies, nil
+}
+
+// continuous reports whether this node was placed for obj in every epoch
+// from its last recovered one (or the VDI's creation, when later) to e:
+// every write of obj since then reached it.
+func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bool, error) {
+	vd, err := r.a.vdi(ctx, obj.VDI())
+	if err != nil {
+		if isNotFound(err) {
+			return true, nil // no VDI: nothing to serve, nothing to recover
+		}
+		return false, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	from := max(vd.Epoch, r.done.Load())
+	if from == 0 {
+		return false, nil
+	}
+	var buf [16]string
+	for ep := from; ep <= e; ep++ {
+		v, err := r.a.view(ctx, ep)
+		if err != nil {
+			return false, fmt.Errorf("object %s: epoch %d: %w", obj, ep, err)
+		}
+		reps, err := v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), buf[:0])
+		if err != nil {
+			return false, fmt.Errorf("object %s: epoch %d: %w", obj, ep, err)
+		}
+		if !slices.Contains(reps, r.n.id) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// apply carries out one step for obj.
+func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, st recovery.Step) error {
+	switch st.Action {
+	case recovery.Keep:
+		return nil
+	case recovery.Trust:
+		return r.n.st.ClearSuspect(obj)
+	case recovery.PullTombstone:
+		err := putTombstone(r.n.st, obj, st.Version)
+		if err == nil {
+			r.count(0)
+		}
+		return err
+	case recovery.Pull:
+		data, ver, err := r.fetch(ctx, v, obj, st)
+		if err != nil {
+			return err
+		}
+		if err := putIfNewer(r.n.st, obj, ver, data); err != nil {
+			return fmt.Errorf("object %s: storing the copy from %s: %w", obj, st.Source, err)
+		}
+		r.count(int64(len(data)))
+		return nil
+	}
+	return fmt.Errorf("object %s: unknown recovery step %v", obj, st.Action)
+}
+
+func (r *recoverer) count(bytes int64) {
+	r.mu.Lock()
+	r.stats.Recovered++
+	r.stats.Bytes += bytes
+	r.mu.Unlock()
+}
+
+// fetch reads obj's copy from the step's source as it is: its extents,
+// then its data ranges. The version is the one the source reported
+// first; writes that land on the source meanwhile reach this node too
+// (it is placed for obj, and holds them back until obj is recovered), so
+// they are applied again on top.
+func (r *recoverer) fetch(ctx context.Context, v *gateway.View, obj object.ID, st recovery.Step) ([]byte, uint64, error) {
+	addr := v.Addr[st.Source]
+	if addr == "" {
+		return nil, 0, fmt.Errorf("object %s: source %s left the epoch", obj, st.Source)
+	}
+	vd, err := r.a.vdi(ctx, obj.VDI())
+	if err != nil {
+		return nil, 0, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	size := uint32(1) << vd.ObjectShift
+	var resp protocol.Response
+	req := &protocol.Request{Op: protocol.OpExtents, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: size}
+	if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
+		return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
+	}
+	ver := resp.Version
+	ext, err := protocol.ParseExtents(nil, resp.Payload)
+	if err != nil {
+		return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
+	}
+	var end uint64
+	for _, e := range ext {
+		if !e.Hole {
+			end = max(end, min(e.Offset+e.Length, uint64(size)))
+		}
+	}
+	data := make([]byte, end)
+	const chunk = 4 << 20
+	for _, e := range ext {
+		if e.Hole {
+			continue
+		}
+		for off := e.Offset; off < min(e.Offset+e.Length, end); off += chunk {
+			n := min(chunk, min(e.Offset+e.Length, end)-off)
+			var rr protocol.Response
+			rr.Payload = data[off : off : off+n]
+			req := &protocol.Request{Op: protocol.OpRead, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Offset: off, Length: uint32(n)}
+			if err := r.n.net.Call(ctx, addr, req, &rr); err != nil {
+				return nil, 0, fmt.Errorf("object %s: read %d+%d on %s: %w", obj, off, n, st.Source, err)
+			}
+			if uint64(len(rr.Payload)) != n {
+				return nil, 0, fmt.Errorf("object %s: read %d+%d on %s: %d bytes", obj, off, n, st.Source, len(rr.Payload))
+			}
+			if &rr.Payload[0] != &data[off] {
+				copy(data[off:], rr.Payload)
+			}
+			if ver == 0 {
+				ver = rr.Version
+			}
+		}
+	}
+	if ver == 0 {
+		ver = st.Version
+	}
+	return data, ver, nil
+}
+
+// dropMoved deletes the copies this node holds but is no longer placed
+// for in v, once every node placed for each has recorded v's epoch as
+// recovered. Copies whose new holders are not there yet are left for a
+// later pass (the next run, or this one's retries).
+func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		infos, err := r.n.st.List(0)
+		if err != nil {
+			return err
+		}
+		rec, err := r.n.mc.Recovered(ctx)
+		if err != nil {
+			return err
+		}
+		left := 0
+		for _, in := range infos {
+			reps, err := r.replicas(ctx, v, in.ID)
+			if errors.Is(err, errNoVDI) {
+				continue // a deleted VDI's: its tombstone's business
+			}
+			if err != nil {
+				return err
+			}
+			if slices.Contains(reps, r.n.id) {
+				continue
+			}
+			if !recovery.MayDrop(r.n.id, reps, v.Epoch, rec) {
+				left++
+				continue
+			}
+			if err := dropCopy(r.n.st, in.ID); err != nil {
+				return fmt.Errorf("object %s: dropping the moved copy: %w", in.ID, err)
+			}
+			r.mu.Lock()
+			r.stats.Dropped++
+			r.mu.Unlock()
+		}
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// listFor is the handler's ListFor.
+func (n *Node) listFor(ctx context.Context, epoch uint64, target string, cursor uint64) ([]protocol.ObjectInfo, error) {
+	v, err := n.rec.a.view(ctx, epoch)
+	if err != nil {
+		return nil, err
+	}
+	return n.rec.serveListFor(ctx, v, target, cursor)
+}
