@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -148,4 +150,81 @@ func TestClusterKillRestart(t *testing.T) {
 	if total != 3*8 {
 		t.Errorf("the nodes hold %d copies, want %d (8 objects × 3): %s", total, 3*8, lr.stdout)
 	}
+}
+
+// nodeObjects returns how many objects each node (by ID) holds.
+func nodeObjects(t *testing.T, n *clusterNode) map[string]int {
+	t.Helper()
+	var list []struct {
+		ID      string `json:"id"`
+		Objects int    `json:"objects"`
+	}
+	lr := n.mustAdmin(t, "node", "list", "--output", "json")
+	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
+		t.Fatal(err, lr.stdout)
+	}
+	out := map[string]int{}
+	for _, x := range list {
+		out[x.ID] = x.Objects
+	}
+	return out
+}
+
+// TestClusterJoinUnderLoad: a fourth node joins three (copies 3) while
+// fio writes and verifies. It receives its share of the 512 objects;
+// the old nodes only give copies away (none moves between them); every
+// node ends within 10 % of the ideal, every object on 3 nodes with
+// equal bytes, and everything verifies.
+func TestClusterJoinUnderLoad(t *testing.T) {
+	nodes := startCluster(t, 3, "")
+	n1 := nodes[0]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "512M", "--object-size", "1M")
+	url := "nbd://" + n1.nbd + "/disk0"
+	var cmds []string
+	for i := range 512 {
+		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0x%02x %dM 4k", i%251, i))
+	}
+	if r := runQemuIO(t, dir, append([]string{"-f", "raw", url}, cmds...)...); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
+	}
+	before := nodeObjects(t, n1)
+
+	wait := startFio(t, dir, fioVerify(url, "64M", "16M", false)...)
+	time.Sleep(time.Second)
+	n4 := startClusterNode(t, filepath.Join(filepath.Dir(n1.dir), "n4"), n1.etcd)
+	wait()
+	waitRecovered(t, n1, 4)
+	checkAll(t, n1, "after node 4 joined")
+	startFio(t, dir, fioVerify(url, "64M", "16M", true)...)()
+	var reads []string
+	for i := 0; i < 512; i += 37 {
+		if i >= 64 && i < 80 {
+			continue // fio's range
+		}
+		reads = append(reads, "-c", fmt.Sprintf("read -P 0x%02x %dM 4k", i%251, i))
+	}
+	if r := runQemuIO(t, dir, append([]string{"-f", "raw", url}, reads...)...); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Fatalf("read back after the join: %s%s", r.stdout, r.stderr)
+	}
+
+	after := nodeObjects(t, n1)
+	total := 0
+	for _, c := range after {
+		total += c
+	}
+	if total != 3*512 {
+		t.Errorf("%d copies after the join, want %d: %v", total, 3*512, after)
+	}
+	ideal := float64(total) / 4
+	for id, c := range after {
+		if d := float64(c)/ideal - 1; d > 0.10 || d < -0.10 {
+			t.Errorf("node %s holds %d copies, %.1f %% off the ideal %.0f", id, c, 100*d, ideal)
+		}
+		if b, old := before[id]; old && c > b {
+			t.Errorf("old node %s went from %d to %d copies: copies moved between old nodes", id, b, c)
+		}
+	}
+	t.Logf("copies before %v, after %v (node 4 is %s)", before, after, n1ID(t, n4))
 }
