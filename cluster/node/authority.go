@@ -63,3 +63,11 @@ func (a *authority) view(ctx context.Context, e uint64) (*gateway.View, error) {
 	a.mu.Unlock()
 	return v, nil
 }
+
+// forgetVDIs drops the cached VDI records, so that a VDI deleted (or
+// changed) since they were read is seen: each recovery run starts so.
+func (a *authority) forgetVDIs() {
+	a.mu.Lock()
+	a.vdis = map[object.VDI]membership.VDI{}
+	a.mu.Unlock()
+}

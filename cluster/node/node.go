@@ -223,6 +223,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
+	if err := n.fenceFromLocks(ctx); err != nil {
+		return nil, err
+	}
 	wctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
 	if n.views, err = FollowViews(wctx, n.mc, n.log); err != nil {
@@ -276,6 +279,24 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}()
 	n.log.Info("node started", "listen", n.plis.Addr().String(), "etcd", strings.Join(endpoints, ","), "epoch", n.views.Epoch())
 	return n, nil
+}
+
+// fenceFromLocks raises the store's token of every locked VDI to its
+// lock's, before the node serves anything. A node that was away when a
+// new owner took a VDI over never got that owner's fence; without this
+// it would take the old owner's writes, which every other replica
+// refuses.
+func (n *Node) fenceFromLocks(ctx context.Context) error {
+	locks, err := n.mc.Locks(ctx)
+	if err != nil {
+		return fmt.Errorf("node: reading the VDI locks: %w", err)
+	}
+	for _, l := range locks {
+		if err := n.st.Fence(l.VDI, l.Token); err != nil && !errors.Is(err, store.ErrStaleToken) {
+			return fmt.Errorf("node: fencing vdi %s at its lock's token: %w", l.Name, err)
+		}
+	}
+	return nil
 }
 
 // spawn runs f in a goroutine that Close waits for, unless the node has

@@ -134,6 +134,7 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	}
 	r.mu.Unlock()
 	start := time.Now()
+	r.a.forgetVDIs()
 
 	held, err := r.gather(ctx, v)
 	if err != nil {
@@ -686,10 +687,23 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 			return err
 		}
 		left := 0
+		gone := map[object.VDI]bool{}
 		for _, in := range infos {
+			if gone[in.ID.VDI()] {
+				continue
+			}
 			reps, err := r.replicas(ctx, v, in.ID)
 			if errors.Is(err, errNoVDI) {
-				continue // a deleted VDI's: its tombstone's business
+				// The VDI table has no such VDI, and IDs are never
+				// reused: it was deleted while this node was away (or
+				// the delete missed it). Its objects go now, so that
+				// they can never come back.
+				gone[in.ID.VDI()] = true
+				if err := r.n.st.RemoveVDI(in.ID.VDI(), r.n.st.Token(in.ID.VDI())); err != nil {
+					return fmt.Errorf("removing the objects of deleted vdi %08x: %w", uint32(in.ID.VDI()), err)
+				}
+				r.n.log.Info("removed the objects of a deleted VDI", "vdi", fmt.Sprintf("%08x", uint32(in.ID.VDI())))
+				continue
 			}
 			if err != nil {
 				return err

@@ -228,3 +228,43 @@ func TestClusterJoinUnderLoad(t *testing.T) {
 	}
 	t.Logf("copies before %v, after %v (node 4 is %s)", before, after, n1ID(t, n4))
 }
+
+// TestClusterDeleteWhileAway: a VDI deleted while a node was down stays
+// deleted when the node returns: its objects on that node are removed,
+// never pulled back onto the others, and nothing of it leaks.
+func TestClusterDeleteWhileAway(t *testing.T) {
+	nodes := startCluster(t, 3, "")
+	n1, n3 := nodes[0], nodes[2]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "old", "16M")
+	n1.mustAdmin(t, "vdi", "create", "kept", "16M")
+	// "old" is written through node 3, whose lock on it goes with it.
+	for _, w := range [][2]string{{n3.nbd, "old"}, {n1.nbd, "kept"}} {
+		if r := runQemuIO(t, dir, "-f", "raw", "nbd://"+w[0]+"/"+w[1], "-c", "write -P 0x33 0 16M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+			t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
+		}
+	}
+	n3.kill(syscall.SIGKILL)
+	waitRecovered(t, n1, 2)
+	n1.mustAdmin(t, "vdi", "delete", "old")
+	n3 = startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	waitRecovered(t, n1, 3)
+	// "kept" has 4 objects of 4 MiB, on all three nodes; "old" nothing.
+	waitUntil(t, 20*time.Second, func() (bool, string) {
+		got := nodeObjects(t, n1)
+		for _, c := range got {
+			if c != 4 {
+				return false, fmt.Sprint(got)
+			}
+		}
+		return len(got) == 3, fmt.Sprint(got)
+	})
+	checkAll(t, n1, "after the node that missed the delete came back")
+	if r := runQemuIO(t, dir, "-f", "raw", "nbd://"+n1.nbd+"/kept", "-c", "read -P 0x33 0 16M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Fatalf("kept reads back wrong: %s%s", r.stdout, r.stderr)
+	}
+	if r := n1.admin(t, "vdi", "read", "old", "0", "512"); r.code == 0 {
+		t.Errorf("the deleted VDI reads: %q", r.stdout)
+	}
+}
