@@ -84,6 +84,11 @@ type Config struct {
 	// refuse them too, by token, once a new owner fenced them).
 	Live func(now time.Time) bool
 
+	// Strict refuses writes while the view has fewer failure domains than
+	// Copies (they wait, as for any membership change, then fail),
+	// instead of writing fewer copies until recovery makes the rest.
+	Strict bool
+
 	// Dead, when not nil, is told of a node whose port refused a
 	// connection: nothing listens there, so the node died or stopped
 	// serving, and the membership may drop it without waiting for its
@@ -114,6 +119,10 @@ var (
 	// ErrNoReplica is returned when no replica of an object could be
 	// reached or answered.
 	ErrNoReplica = errors.New("gateway: no replica answered")
+
+	// ErrTooFewNodes is returned for writes in strict mode while fewer
+	// failure domains are live than the VDI has copies.
+	ErrTooFewNodes = errors.New("strict: too few nodes for every copy; not writing")
 
 	// ErrLeaseLost is returned for writes once the lease that the VDI's
 	// lock is held under may have expired: another owner may have it.
@@ -321,7 +330,7 @@ func retryable(err error) bool {
 	case interface{ Unwrap() error }:
 		return retryable(x.Unwrap())
 	}
-	return err != ErrLeaseLost && err != block.ErrClosed && err != block.ErrReadOnly
+	return err != ErrLeaseLost && err != ErrTooFewNodes && err != block.ErrClosed && err != block.ErrReadOnly
 }
 
 // fanOut sends one request to each of n nodes in parallel and waits for
@@ -387,6 +396,9 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 	}
 	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
 		return d.retry(ctx, func(ctx context.Context, v *View) error {
+			if z := v.Map.Zones(); d.cfg.Strict && z < d.cfg.Copies {
+				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, d.cfg.Copies, v.Epoch)
+			}
 			nodes, err := d.replicas(v, pc.obj)
 			if err != nil {
 				return err

@@ -23,6 +23,10 @@ type Format struct {
 	// Created is when the cluster was formatted; Format sets it when it
 	// is zero.
 	Created time.Time `json:"created"`
+	// Strict refuses writes while fewer failure domains are live than a
+	// VDI has copies (Sheepdog's --strict), rather than writing fewer
+	// copies until recovery makes the rest.
+	Strict bool `json:"strict,omitempty"`
 }
 
 // MaxCopies bounds Format.Copies and VDI.Copies.

@@ -36,6 +36,19 @@ type AdminRequest struct {
 	Shrink      bool  `json:"shrink,omitempty"`
 	Offset      int64 `json:"offset,omitempty"`
 	Length      int64 `json:"length,omitempty"`
+	Strict      bool  `json:"strict,omitempty"`
+	// Recovery changes a node's recovery (recovery.set).
+	Recovery *RecoveryControl `json:"recovery,omitempty"`
+}
+
+// RecoveryControl is `ovis node recovery`'s request: a field left nil
+// is left as it is.
+type RecoveryControl struct {
+	// MaxRate bounds the bytes per second recovery pulls; 0 is no bound.
+	MaxRate *int64 `json:"max_rate,omitempty"`
+	// Paused stops (true) or resumes (false) the background pulls. A
+	// request's own object is still recovered first, paused or not.
+	Paused *bool `json:"paused,omitempty"`
 }
 
 // MaxAdminData bounds the bytes one vdi.read or vdi.write carries.
@@ -173,7 +186,7 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		}
 		return info, nil, nil
 	case "format":
-		f := membership.Format{Copies: ar.Copies, ObjectShift: ar.ObjectShift}
+		f := membership.Format{Copies: ar.Copies, ObjectShift: ar.ObjectShift, Strict: ar.Strict}
 		if f.Copies == 0 {
 			f.Copies = 1
 		}
@@ -242,6 +255,11 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 	case "check":
 		r, err := n.check(ctx)
 		return r, nil, err
+	case "recovery.set":
+		if ar.Recovery != nil {
+			n.rec.control(*ar.Recovery)
+		}
+		return n.rec.Stats(), nil, nil
 	}
 	return nil, nil, fmt.Errorf("unknown admin command %q", ar.Cmd)
 }

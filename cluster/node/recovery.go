@@ -64,6 +64,13 @@ type recoverer struct {
 	busy    map[object.ID]chan struct{}
 	stats   RecoveryStats
 	kick    chan struct{} // a new epoch to recover
+
+	// The throttle: maxRate bytes per second (0: none), paused stops the
+	// background pulls; resumed is closed and replaced on every change.
+	maxRate int64
+	paused  bool
+	resumed chan struct{}
+	next    time.Time // when the throttle lets the next pull start
 }
 
 // RecoveryStats is what node list shows of a node's recovery.
@@ -75,11 +82,13 @@ type RecoveryStats struct {
 	Recovered int64  `json:"recovered"` // objects recovered in this run
 	Bytes     int64  `json:"bytes"`     // bytes pulled in this run
 	Dropped   int64  `json:"dropped"`   // copies dropped in this run
+	Paused    bool   `json:"paused"`    // background pulls paused
+	MaxRate   int64  `json:"max_rate"`  // bytes per second, 0 for no bound
 }
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
 	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, early: map[object.ID]bool{},
-		busy: map[object.ID]chan struct{}{}, kick: make(chan struct{}, 1)}
+		busy: map[object.ID]chan struct{}{}, kick: make(chan struct{}, 1), resumed: make(chan struct{})}
 	r.done.Store(done)
 	return r
 }
@@ -90,7 +99,68 @@ func (r *recoverer) Stats() RecoveryStats {
 	defer r.mu.Unlock()
 	s := r.stats
 	s.Epoch, s.Done, s.Listed, s.Pending = r.epoch, r.done.Load(), r.listed, len(r.pending)
+	s.Paused, s.MaxRate = r.paused, r.maxRate
 	return s
+}
+
+// control applies `ovis node recovery`'s settings.
+func (r *recoverer) control(c RecoveryControl) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c.MaxRate != nil {
+		r.maxRate = max(*c.MaxRate, 0)
+		r.next = time.Time{}
+	}
+	if c.Paused != nil {
+		r.paused = *c.Paused
+	}
+	close(r.resumed)
+	r.resumed = make(chan struct{})
+	if c.MaxRate != nil || c.Paused != nil {
+		r.n.log.Info("recovery settings", "paused", r.paused, "max_rate", r.maxRate)
+	}
+}
+
+// throttle waits until a background pull of n bytes may start: not while
+// paused, and no faster than maxRate over time. On-demand recoveries do
+// not wait: a VM's request is never held back by the throttle.
+func (r *recoverer) throttle(ctx context.Context, n int64) error {
+	for {
+		r.mu.Lock()
+		paused, wake := r.paused, r.resumed
+		var wait time.Duration
+		if !paused && r.maxRate > 0 {
+			now := time.Now()
+			if r.next.Before(now) {
+				r.next = now
+			}
+			wait = r.next.Sub(now)
+			if wait == 0 {
+				r.next = r.next.Add(time.Duration(float64(n) / float64(r.maxRate) * float64(time.Second)))
+			}
+		}
+		r.mu.Unlock()
+		if !paused && wait == 0 {
+			return nil
+		}
+		var t *time.Timer
+		var tc <-chan time.Time
+		if !paused {
+			t = time.NewTimer(wait)
+			tc = t.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-tc:
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // loop runs recovery for every new epoch until ctx ends.
@@ -376,6 +446,21 @@ func (r *recoverer) recoverPending(ctx context.Context, v *gateway.View, obj obj
 	if !ok || r.busy[obj] != nil || r.epoch != v.Epoch {
 		r.mu.Unlock()
 		return nil
+	}
+	r.mu.Unlock()
+	// The throttle counts whole objects: what a pull may move.
+	size := int64(4 << 20)
+	if vd, err := r.a.vdi(ctx, obj.VDI()); err == nil {
+		size = 1 << vd.ObjectShift
+	}
+	if err := r.throttle(ctx, size); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	st, ok = r.pending[obj]
+	if !ok || r.busy[obj] != nil {
+		r.mu.Unlock()
+		return nil // recovered on demand meanwhile
 	}
 	ch := make(chan struct{})
 	r.busy[obj] = ch

@@ -68,8 +68,15 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	default:
 		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
 	}
+	f, err := r.n.mc.GetFormat(ctx)
+	if err != nil {
+		if lk != nil {
+			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
+		}
+		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
+	}
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectShift: v.ObjectShift,
-		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report}
+		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict}
 	if lk != nil {
 		cfg.Token = lk.Token
 		cfg.Live = r.n.reg.Valid

@@ -114,7 +114,7 @@ var ops = [...]opSpec{
 	OpRemove:      {name: "remove", flags: FlagSync, write: true},
 	OpFlush:       {name: "flush"},
 	OpFence:       {name: "fence"},
-	OpStat:        {name: "stat"},
+	OpStat:        {name: "stat", flags: FlagRecovery},
 	OpList:        {name: "list", bounds: boundsList},
 	OpChecksum:    {name: "checksum", bounds: boundsObject},
 	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +25,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/node"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
+	"github.com/ovis-storage/ovis/image"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/schollz/progressbar/v3"
@@ -197,7 +199,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
 	tf.add(cmd)
-	cmd.AddCommand(newNodeListCmd())
+	cmd.AddCommand(newNodeListCmd(), newNodeRecoveryCmd())
 	return cmd
 }
 
@@ -229,6 +231,62 @@ func newNodeListCmd() *cobra.Command {
 	return cmd
 }
 
+func newNodeRecoveryCmd() *cobra.Command {
+	var (
+		af             adminFlags
+		rate           string
+		pause, resume bool
+	)
+	cmd := &cobra.Command{
+		Use:   "recovery",
+		Short: "Show a node's recovery, throttle it, pause or resume it",
+		Long: "Shows the recovery of the node at -a. --max-rate bounds the bytes per second it pulls (0: no bound); " +
+			"--pause stops its background pulls and --resume starts them again. Objects a request touches are recovered first either way, so VMs run on.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var ctl node.RecoveryControl
+			if cmd.Flags().Changed("max-rate") {
+				r, err := image.ParseSize(rate)
+				if err != nil {
+					return fmt.Errorf("--max-rate %q: %w", rate, err)
+				}
+				v := int64(r)
+				ctl.MaxRate = &v
+			}
+			switch {
+			case pause && resume:
+				return errors.New("--pause and --resume together")
+			case pause || resume:
+				ctl.Paused = &pause
+			}
+			var st node.RecoveryStats
+			if _, err := af.do(cmd, node.AdminRequest{Cmd: "recovery.set", Recovery: &ctl}, nil, &st); err != nil {
+				return err
+			}
+			return af.print(cmd.OutOrStdout(), st, func(w io.Writer) {
+				state := "running"
+				switch {
+				case st.Done >= st.Epoch:
+					state = "done"
+				case st.Paused:
+					state = "paused"
+				}
+				limit := "none"
+				if st.MaxRate > 0 {
+					limit = img.FormatSize(uint64(st.MaxRate)) + "/s"
+				}
+				fmt.Fprintln(w, "EPOCH\tDONE\tSTATE\tPENDING\tRECOVERED\tPULLED\tDROPPED\tMAX RATE")
+				fmt.Fprintf(w, "%d\t%d\t%s\t%d\t%d\t%s\t%d\t%s\n", st.Epoch, st.Done, state, st.Pending, st.Recovered, img.FormatSize(uint64(st.Bytes)), st.Dropped, limit)
+			})
+		},
+	}
+	af.add(cmd)
+	cmd.Flags().StringVar(&rate, "max-rate", "", "bound recovery's pulls to RATE bytes per second (suffixes K, M, G; 0: no bound)")
+	cmd.Flags().BoolVar(&pause, "pause", false, "pause the background pulls")
+	cmd.Flags().BoolVar(&resume, "resume", false, "resume the background pulls")
+	return cmd
+}
+
 func newClusterCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "Format, inspect and check the cluster"}
 	{
@@ -237,6 +295,7 @@ func newClusterCmd() *cobra.Command {
 			copies int
 			osize  string
 			force  bool
+			strict bool
 		)
 		c := &cobra.Command{
 			Use:   "format",
@@ -248,11 +307,15 @@ func newClusterCmd() *cobra.Command {
 					return err
 				}
 				var f membership.Format
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "format", Copies: copies, ObjectShift: sh, Force: force}, nil, &f); err != nil {
+				if _, err := af.do(cmd, node.AdminRequest{Cmd: "format", Copies: copies, ObjectShift: sh, Force: force, Strict: strict}, nil, &f); err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), f, func(w io.Writer) {
-					fmt.Fprintf(w, "formatted cluster %s: copies %d, object size %s\n", f.ClusterID, f.Copies, img.FormatSize(1<<f.ObjectShift))
+					mode := ""
+					if f.Strict {
+						mode = ", strict"
+					}
+					fmt.Fprintf(w, "formatted cluster %s: copies %d, object size %s%s\n", f.ClusterID, f.Copies, img.FormatSize(1<<f.ObjectShift), mode)
 				})
 			},
 		}
@@ -260,6 +323,7 @@ func newClusterCmd() *cobra.Command {
 		c.Flags().IntVar(&copies, "copies", 1, "default copies of each object")
 		c.Flags().StringVar(&osize, "object-size", "", "default object size, a power of two from 1M to 64M (default 4M)")
 		c.Flags().BoolVar(&force, "force", false, "format a cluster that is already formatted")
+		c.Flags().BoolVar(&strict, "strict", false, "refuse writes while fewer nodes (zones) are live than a VDI's copies, rather than write fewer copies until recovery makes the rest")
 		cmd.AddCommand(c)
 	}
 	{

@@ -268,3 +268,106 @@ func TestClusterDeleteWhileAway(t *testing.T) {
 		t.Errorf("the deleted VDI reads: %q", r.stdout)
 	}
 }
+
+// TestClusterStrict: a cluster formatted --strict refuses writes while
+// fewer nodes are live than the copies, and takes them again once the
+// node is back; reads go on throughout.
+func TestClusterStrict(t *testing.T) {
+	nodes := startCluster(t, 3, "")
+	n1, n3 := nodes[0], nodes[2]
+	dir := t.TempDir()
+	if r := n1.mustAdmin(t, "cluster", "format", "--copies", "3", "--strict"); !strings.Contains(r.stdout, "strict") {
+		t.Errorf("format --strict does not say so: %s", r.stdout)
+	}
+	n1.mustAdmin(t, "vdi", "create", "disk0", "8M")
+	url := "nbd://" + n1.nbd + "/disk0"
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x44 0 8M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
+	}
+	n3.kill(syscall.SIGKILL)
+	waitRecovered(t, n1, 2)
+	r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x55 0 4k")
+	if r.code == 0 && !strings.Contains(r.stdout+r.stderr, "failed") {
+		t.Errorf("a strict cluster with 2 of 3 nodes took a write: %s", r.stdout)
+	}
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "read -P 0x44 0 8M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Errorf("reads with 2 of 3 nodes: %s%s", r.stdout, r.stderr)
+	}
+	startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	waitRecovered(t, n1, 3)
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x55 0 4k", "-c", "read -P 0x55 0 4k", "-c", "read -P 0x44 4k 4k"); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Errorf("a write once the node is back: %s%s", r.stdout, r.stderr)
+	}
+	checkAll(t, n1, "after the strict cluster got its node back")
+}
+
+// TestClusterRecoveryPauseAndRate: recovery paused on every node leaves
+// the lost node's copies pending while the VDI stays readable and
+// writable (what a request touches is recovered on demand); resumed,
+// and throttled, it completes; the settings show in `node recovery`.
+func TestClusterRecoveryPauseAndRate(t *testing.T) {
+	nodes := startCluster(t, 4, "")
+	n1, n4 := nodes[0], nodes[3]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "64M")
+	url := "nbd://" + n1.nbd + "/disk0"
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x66 0 64M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
+	}
+	for _, n := range nodes[:3] {
+		if r := n.mustAdmin(t, "node", "recovery", "--pause", "--max-rate", "8M"); !strings.Contains(r.stdout, "8 MiB/s") {
+			t.Errorf("node recovery does not show the rate: %s", r.stdout)
+		}
+	}
+	n4.kill(syscall.SIGKILL)
+	// Nothing talks to node 4, so its lease ends it; then every node
+	// lists what it lacks, and pulls nothing.
+	pending := 0
+	waitUntil(t, 30*time.Second, func() (bool, string) {
+		pending = 0
+		var out string
+		for _, n := range nodes[:3] {
+			var st struct {
+				Epoch   uint64 `json:"epoch"`
+				Pending int    `json:"pending"`
+				Paused  bool   `json:"paused"`
+				Listed  bool   `json:"listed"`
+			}
+			r := n.mustAdmin(t, "node", "recovery", "--output", "json")
+			if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+				t.Fatal(err, r.stdout)
+			}
+			if !st.Paused {
+				t.Fatalf("node recovery says not paused: %s", r.stdout)
+			}
+			out += r.stdout
+			if !st.Listed || st.Epoch < 5 {
+				return false, out
+			}
+			pending += st.Pending
+		}
+		return true, out
+	})
+	time.Sleep(500 * time.Millisecond)
+	if pending == 0 {
+		t.Errorf("with recovery paused on every node, nothing is pending after a node was lost")
+	}
+	// The VDI works meanwhile: what these touch is recovered on demand.
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x77 8M 4k", "-c", "read -P 0x66 0 8M", "-c", "read -P 0x77 8M 4k"); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Fatalf("I/O while recovery is paused: %s%s\nnode 1:\n%s\nnode 2:\n%s", r.stdout, r.stderr, n1.stderr, nodes[1].stderr)
+	}
+	start := time.Now()
+	for _, n := range nodes[:3] {
+		n.mustAdmin(t, "node", "recovery", "--resume")
+	}
+	waitRecovered(t, n1, 3)
+	took := time.Since(start)
+	t.Logf("%d objects pending while paused; after resuming at 8 MiB/s, recovery took %v", pending, took.Round(time.Millisecond))
+	// Each node pulls at most 8 MiB/s, and there was more than that to
+	// pull on at least one node.
+	if took < 500*time.Millisecond {
+		t.Errorf("recovery throttled to 8 MiB/s took only %v", took)
+	}
+	checkAll(t, n1, "after the paused recovery was resumed")
+}
