@@ -233,8 +233,8 @@ func newNodeListCmd() *cobra.Command {
 
 func newNodeRecoveryCmd() *cobra.Command {
 	var (
-		af             adminFlags
-		rate           string
+		af            adminFlags
+		rate          string
 		pause, resume bool
 	)
 	cmd := &cobra.Command{
