@@ -667,6 +667,9 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 	case recovery.Keep:
 		return nil
 	case recovery.Trust:
+		// Every copy is suspect (every holder crashed with writes to it
+		// not yet durable): this one was chosen, and the others copy it.
+		r.n.log.Warn("recovery: every copy is suspect; keeping this node's", "object", obj.String(), "version", st.Version)
 		return r.n.st.ClearSuspect(obj)
 	case recovery.PullTombstone:
 		err := putTombstone(r.n.st, obj, st.Version)
