@@ -175,8 +175,8 @@ type VM struct {
 	ln      net.Listener
 	stderr  *lockedBuffer
 
-	events chan Event     // from the control port; closed at its EOF
-	exited chan struct{}  // closed when QEMU has exited and exitErr is set
+	events  chan Event    // from the control port; closed at its EOF
+	exited  chan struct{} // closed when QEMU has exited and exitErr is set
 	exitErr error
 	conn    chan net.Conn // the accepted control connection, once
 	ctl     net.Conn
