@@ -2,16 +2,20 @@ package main
 
 import (
 	"context"
+	"crypto/md5"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"text/tabwriter"
 	"time"
 
 	"github.com/ovis-storage/ovis/internal/guest"
+	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
 // The guest tests boot a real Linux (Debian's cloud kernel, busybox and
@@ -316,4 +320,169 @@ func TestGuestClusterCacheModes(t *testing.T) {
 		}
 	}
 	t.Logf("accel %s; boots %s; whole test %v\n%s", guest.DefaultAccel(guestKernel(t)), strings.Join(boots, " "), time.Since(start).Round(100*time.Millisecond), table)
+}
+
+// TestGuestNBD runs cacheScript against `ovis nbd` serving a qcow2 file,
+// with the drive in writeback and in writethrough; the guest's checks
+// (read-back, e2fsck) must pass and qemu-img check must find the image
+// clean once the server has stopped.
+func TestGuestNBD(t *testing.T) {
+	for _, cache := range []string{"writeback", "writethrough"} {
+		t.Run(cache, func(t *testing.T) {
+			dir := t.TempDir()
+			img := filepath.Join(dir, "disk.qcow2")
+			if r := qemuImg(t, dir, "create", "-f", "qcow2", img, "64M"); r.code != 0 {
+				t.Fatal(r.stderr)
+			}
+			s := startNBD(t, nbdRun{tcp: true, export: "disk", args: []string{"-f", "qcow2", img}})
+			vm := bootGuest(t, s.uri, cache, cacheScript, 3*time.Minute)
+			ctx := context.Background()
+			for _, p := range cachePhases {
+				if _, err := vm.Phase(ctx, p); err != nil {
+					t.Fatalf("%v\nserver stderr:\n%s", err, s.stderr)
+				}
+				if err := vm.Continue(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := vm.Wait(ctx); err != nil {
+				t.Fatalf("%v\nserver stderr:\n%s", err, s.stderr)
+			}
+			if ioErrorRE.MatchString(vm.Console()) {
+				t.Errorf("I/O errors in the guest's kernel log")
+			}
+			s.stop(syscall.SIGTERM)
+			if r := qemuImg(t, dir, "check", img); r.code != 0 {
+				t.Errorf("qemu-img check after the guest: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			t.Logf("accel %s, cache=%s: guest %v", vm.Accel(), cache, vm.Elapsed().Round(100*time.Millisecond))
+		})
+	}
+}
+
+// killScript writes 40 chunks of 256 KiB with the guest's write cache
+// off, each twice: raw at 32 MiB on, and as a file in an ext4 filesystem
+// on the first 32 MiB (O_DIRECT and fsync). It says WROTE after each and
+// paces itself so that the test can kill a node in the middle. Then it
+// reads every chunk back both ways, unmounts and runs e2fsck.
+const killScript = `
+echo "write through" > /sys/block/vda/cache_type
+[ "$(cat /sys/block/vda/cache_type)" = "write through" ] || fail "cache_type: $(cat /sys/block/vda/cache_type)"
+dd if=/dev/urandom of=/tmp/p bs=256k count=40 2>/dev/null
+mkfs.ext4 -q -F /dev/vda 32M
+mount /dev/vda /mnt
+phase ready raw=$(md5sum < /tmp/p | cut -d' ' -f1)
+i=0
+while [ $i -lt 40 ]; do
+	dd if=/tmp/p of=/dev/vda bs=256k skip=$i seek=$((128+i)) count=1 oflag=direct 2>/dev/null || fail "raw write $i"
+	dd if=/tmp/p of=/mnt/f$i bs=256k skip=$i count=1 oflag=direct conv=fsync 2>/dev/null || fail "file write $i"
+	say WROTE n=$i
+	sleep 0.2
+	i=$((i+1))
+done
+phase written
+sync
+echo 3 > /proc/sys/vm/drop_caches
+i=0
+while [ $i -lt 40 ]; do
+	a=$(dd if=/tmp/p bs=256k skip=$i count=1 2>/dev/null | md5sum)
+	b=$(dd if=/dev/vda bs=256k skip=$((128+i)) count=1 iflag=direct 2>/dev/null | md5sum)
+	[ "$a" = "$b" ] || fail "raw chunk $i reads back $b, wrote $a"
+	c=$(md5sum < /mnt/f$i)
+	[ "$a" = "$c" ] || fail "file f$i reads back $c, wrote $a"
+	i=$((i+1))
+done
+umount /mnt
+e2fsck -fn /dev/vda || fail "e2fsck -fn: exit $?"
+! dmesg | grep -iE 'I/O error|blk_update_request|critical (medium|target)' || fail "I/O errors in the kernel log"
+`
+
+// TestGuestClusterNodeKill kills a node that is not the guest's gateway
+// with SIGKILL while the guest writes with its cache off. The guest must
+// see no I/O error, every chunk must read back in the guest, and, through
+// another node afterwards, the raw chunks must match and the filesystem
+// must be clean.
+func TestGuestClusterNodeKill(t *testing.T) {
+	start := time.Now()
+	nodes := startCluster(t, 3, "")
+	gw, other, victim := nodes[0], nodes[1], nodes[2]
+	gw.mustAdmin(t, "cluster", "format", "--copies", "3")
+	gw.mustAdmin(t, "vdi", "create", "kill", "64M")
+	vm := bootGuest(t, "nbd://"+gw.nbd+"/kill", "writeback", killScript, 3*time.Minute)
+	ctx := context.Background()
+	ready, err := vm.Phase(ctx, "ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Continue(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		killed       time.Time
+		last         time.Time
+		maxGap       time.Duration
+		afterKill    int
+		wroteBefore  = -1
+		killAfterOne = 5
+	)
+	for {
+		e, err := vm.Next(ctx)
+		if err != nil {
+			t.Fatalf("%v\ngateway stderr:\n%s", err, gw.stderr)
+		}
+		if e.Kind == "FAIL" {
+			t.Fatalf("guest failed: %s\ngateway stderr:\n%s", e.Name, gw.stderr)
+		}
+		if e.Kind == "PHASE" && e.Name == "written" {
+			break
+		}
+		if e.Kind != "WROTE" {
+			continue
+		}
+		if !last.IsZero() && e.Time.Sub(last) > maxGap {
+			maxGap = e.Time.Sub(last)
+		}
+		last = e.Time
+		if !killed.IsZero() {
+			afterKill++
+		}
+		if killed.IsZero() && e.Args["n"] == fmt.Sprint(killAfterOne) {
+			wroteBefore = killAfterOne
+			victim.kill(syscall.SIGKILL)
+			killed = time.Now()
+		}
+	}
+	if killed.IsZero() || afterKill == 0 {
+		t.Fatalf("the node was not killed in the middle of the writes (killed %v, %d writes after)", !killed.IsZero(), afterKill)
+	}
+	if err := vm.Continue(); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm.Wait(ctx); err != nil {
+		t.Fatalf("%v\ngateway stderr:\n%s", err, gw.stderr)
+	}
+	if ioErrorRE.MatchString(vm.Console()) {
+		t.Errorf("I/O errors in the guest's kernel log")
+	}
+	// Through another node: the raw chunks, and the filesystem.
+	dir := t.TempDir()
+	raw := filepath.Join(dir, "vdi.raw")
+	if r := qemuImg(t, dir, "convert", "-f", "raw", "-O", "raw", "nbd://"+other.nbd+"/kill", raw); r.code != 0 {
+		t.Fatalf("qemu-img convert through the surviving node: %s", r.stderr)
+	}
+	b, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprintf("%x", md5.Sum(b[32<<20:32<<20+40*256<<10])); got != ready.Args["raw"] {
+		t.Errorf("the raw chunks read through another node: md5 %s, the guest wrote %s", got, ready.Args["raw"])
+	}
+	if err := os.Truncate(raw, 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	if o, e, c := testutil.RunIn(t, dir, "e2fsck", "-fn", raw); c != 0 {
+		t.Errorf("e2fsck -fn of the filesystem read through another node: exit %d\n%s%s", c, o, e)
+	}
+	t.Logf("accel %s: killed %s after write %d; %d writes after the kill; longest gap between writes %v; guest %v, whole test %v",
+		vm.Accel(), victim.addr, wroteBefore, afterKill, maxGap.Round(time.Millisecond), vm.Elapsed().Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
 }

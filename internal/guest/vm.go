@@ -140,6 +140,7 @@ type Event struct {
 	Name string            // a PHASE's name; the first word after other kinds
 	Args map[string]string // the KEY=VALUE words after the name
 	Line string            // the whole line
+	Time time.Time         // when the test received it
 }
 
 func parseEvent(line string) (Event, bool) {
@@ -147,7 +148,7 @@ func parseEvent(line string) (Event, bool) {
 	if len(f) < 2 || f[0] != "OVIS" {
 		return Event{}, false
 	}
-	e := Event{Kind: f[1], Args: map[string]string{}, Line: line}
+	e := Event{Kind: f[1], Args: map[string]string{}, Line: line, Time: time.Now()}
 	for i, w := range f[2:] {
 		if k, v, ok := strings.Cut(w, "="); ok {
 			e.Args[k] = v
