@@ -90,12 +90,60 @@ e2fsck -fn /dev/vda
 	t.Logf("%s: %v", v.Accel(), v.Elapsed())
 }
 
-// TestGuestFail: a failing command in the script surfaces as an error
-// with the guest's message, not as a hang.
-func TestGuestFail(t *testing.T) {
-	v := bootRaw(t, "false\n", 1<<20)
-	err := v.Wait(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "script exited") {
-		t.Fatalf("Wait after a failing script: %v", err)
+// TestGuestFailures: every way a run can go wrong ends as an error that
+// names it, within the configured time, not as a hang.
+func TestGuestFailures(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		script string
+		phase  string // a phase to wait for first
+		answer bool   // and to answer
+		cfg    func(*Config)
+		want   string
+	}{
+		{"failing command", "false\n", "", false, nil, "script exited"},
+		{"fail", "fail disk on fire\n", "", false, nil, "disk on fire"},
+		{"no answer", "phase wait\n", "wait", false, func(c *Config) { c.AnswerTimeout = 2 * time.Second }, "phase wait: no answer in 2 s"},
+		{"phase nobody expects", "phase surprise\n", "", false, nil, "surprise"},
+		{"run timeout", "sleep 600\n", "", false, func(c *Config) { c.Timeout = 10 * time.Second }, "QEMU exited (signal: killed)"},
+		{"panic", "phase go\necho c > /proc/sysrq-trigger\n", "go", true, nil, "QEMU exited"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			k, err := FindKernel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			disk := filepath.Join(dir, "disk.raw")
+			if err := os.WriteFile(disk, make([]byte, 1<<20), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{Kernel: k, Script: c.script, Drive: disk, Dir: dir, Timeout: time.Minute, AnswerTimeout: 30 * time.Second}
+			if c.cfg != nil {
+				c.cfg(&cfg)
+			}
+			v, err := Start(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer v.Close()
+			if c.phase != "" {
+				if _, err := v.Phase(context.Background(), c.phase); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.answer {
+				if err := v.Continue(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = v.Wait(context.Background())
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Wait: %v; want an error with %q\nconsole:\n%s", err, c.want, v.Console())
+			}
+			if v.Elapsed() > cfg.Timeout+10*time.Second {
+				t.Errorf("the run took %v, past its %v timeout", v.Elapsed(), cfg.Timeout)
+			}
+		})
 	}
 }
