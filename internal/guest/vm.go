@@ -70,9 +70,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("guest: cache mode %q: want writeback, writethrough, none, directsync or unsafe", c.Cache)
 	}
 	switch c.Accel {
-	case "":
-		c.Accel = DefaultAccel(c.Kernel)
-	case "kvm", "tcg":
+	case "", "kvm", "tcg": // Start resolves "": DefaultAccel boots a probe
 	default:
 		return fmt.Errorf("guest: accel %q: want kvm or tcg", c.Accel)
 	}
@@ -198,6 +196,9 @@ type VM struct {
 func Start(ctx context.Context, cfg Config) (*VM, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Accel == "" {
+		cfg.Accel = DefaultAccel(cfg.Kernel)
 	}
 	initrd := filepath.Join(cfg.Dir, "initramfs.cpio")
 	if err := BuildInitramfs(initrd, cfg.Kernel, cfg.Script, int(cfg.AnswerTimeout/time.Second)); err != nil {
