@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server strace)
-tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd strace)
+packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server strace cpio)
+tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd strace cpio)
 
 missing=()
 for i in "${!tools[@]}"; do
@@ -15,6 +15,11 @@ done
 # qemu-system-x86 only recommends its firmware; without it no VM starts.
 [ -e /usr/share/seabios/bios-256k.bin ] || missing+=(seabios)
 [ -d /usr/lib/ipxe/qemu ] || missing+=(ipxe-qemu)
+# The guest tests (internal/guest, cmd/ovis/guest_test.go) boot Debian's
+# cloud kernel with busybox and the host's e2fsprogs in an initramfs.
+compgen -G '/boot/vmlinuz-*-cloud-amd64' >/dev/null || missing+=(linux-image-cloud-amd64)
+[ -x /bin/busybox ] || missing+=(busybox-static)
+{ command -v mke2fs || [ -x /sbin/mke2fs ]; } >/dev/null 2>&1 || missing+=(e2fsprogs)
 if ((${#missing[@]})); then
 	sudo=()
 	if [ "$(id -u)" -ne 0 ]; then
