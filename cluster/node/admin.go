@@ -37,6 +37,10 @@ type AdminRequest struct {
 	Offset      int64 `json:"offset,omitempty"`
 	Length      int64 `json:"length,omitempty"`
 	Strict      bool  `json:"strict,omitempty"`
+	// Object and Source name an object and the node to copy it from
+	// (object.recover, object.replace, object.drop, vdi.purge).
+	Object uint64 `json:"object,omitempty"`
+	Source string `json:"source,omitempty"`
 	// Recovery changes a node's recovery (recovery.set).
 	Recovery *RecoveryControl `json:"recovery,omitempty"`
 }
@@ -126,6 +130,8 @@ type CheckReport struct {
 	Objects int           `json:"objects"`
 	Copies  int           `json:"copies"`
 	Bad     []CheckResult `json:"problems,omitempty"`
+	// VDIs are the VDIs the check knew, for a check again after repair.
+	VDIs []membership.VDI `json:"-"`
 }
 
 // CheckResult is one object with a missing, extra or diverging copy.
@@ -134,6 +140,18 @@ type CheckResult struct {
 	Object  string   `json:"object"`
 	Problem string   `json:"problem"`
 	Nodes   []string `json:"nodes,omitempty"`
+	// Kind is the problem in one word, for repair: missing, differ,
+	// extra, orphan or error.
+	Kind string `json:"kind"`
+	// Groups are the copies of a differ, one per distinct checksum.
+	Groups []CheckGroup `json:"groups,omitempty"`
+}
+
+// CheckGroup is the copies of an object that share one checksum.
+type CheckGroup struct {
+	CRC     uint32   `json:"crc"`
+	Version uint64   `json:"version"` // the highest among them
+	Nodes   []string `json:"nodes"`
 }
 
 // admin serves OpAdmin.
@@ -255,6 +273,9 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 	case "check":
 		r, err := n.check(ctx)
 		return r, nil, err
+	case "object.recover", "object.replace", "object.drop", "vdi.purge":
+		msg, err := n.repairCmd(ctx, ar)
+		return msg, nil, err
 	case "recovery.set":
 		if ar.Recovery != nil {
 			n.rec.control(*ar.Recovery)

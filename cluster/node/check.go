@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -114,7 +115,7 @@ func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string
 func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID map[object.VDI]membership.VDI, o object.ID, holders []string) ([]CheckResult, int, error) {
 	vd, ok := byID[o.VDI()]
 	if !ok {
-		return []CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders}}, 0, nil
+		return []CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders, Kind: "orphan"}}, 0, nil
 	}
 	n := min(vd.Copies, v.Map.Zones())
 	want, err := v.Map.Place(o, n, nil)
@@ -124,6 +125,7 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 	var bad []CheckResult
 	var missing []string
 	sums := map[uint32][]string{}
+	vers := map[uint32]uint64{}
 	compared := 0
 	for _, id := range want {
 		if !slices.Contains(holders, id) {
@@ -132,30 +134,34 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 		}
 		var resp protocol.Response
 		if err := net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp); err != nil {
-			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}})
+			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}, Kind: "error"})
 			continue
 		}
-		crc, _, err := protocol.ParseChecksumReply(resp.Payload)
+		crc, ver, err := protocol.ParseChecksumReply(resp.Payload)
 		if err != nil {
 			return nil, 0, err
 		}
 		sums[crc] = append(sums[crc], id)
+		vers[crc] = max(vers[crc], ver)
 		compared++
 	}
 	if len(missing) > 0 {
-		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), n), Nodes: missing})
+		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), n), Nodes: missing, Kind: "missing"})
 	}
 	if len(sums) > 1 {
 		var groups []string
+		var gs []CheckGroup
 		for crc, nodes := range sums {
 			groups = append(groups, fmt.Sprintf("%08x on %v", crc, nodes))
+			gs = append(gs, CheckGroup{CRC: crc, Version: vers[crc], Nodes: nodes})
 		}
 		slices.Sort(groups)
-		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups)})
+		slices.SortFunc(gs, func(a, b CheckGroup) int { return cmp.Compare(a.CRC, b.CRC) })
+		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups), Kind: "differ", Groups: gs})
 	}
 	for _, id := range holders {
 		if !slices.Contains(want, id) {
-			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}})
+			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}, Kind: "extra"})
 		}
 	}
 	return bad, compared, nil

@@ -165,7 +165,7 @@ func (r *recoverer) throttle(ctx context.Context, n int64) error {
 
 // loop runs recovery for every new epoch until ctx ends.
 func (r *recoverer) loop(ctx context.Context) {
-	for {
+	for ctx.Err() == nil {
 		v := r.n.views.View()
 		if v.Epoch > r.done.Load() {
 			rctx, cancel := context.WithCancel(ctx)

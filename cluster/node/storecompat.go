@@ -32,3 +32,9 @@ func putTombstone(st *store.Store, id object.ID, version uint64) error {
 func dropCopy(st *store.Store, id object.ID) error {
 	return st.Remove(id, st.Token(id.VDI()))
 }
+
+// replaceCopy installs a copy whatever the local one's version (check
+// --repair of copies that differ at equal versions).
+func replaceCopy(st *store.Store, id object.ID, version uint64, data []byte) error {
+	return st.Put(id, version, data)
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/node"
 	"github.com/ovis-storage/ovis/cluster/protocol"
@@ -360,30 +361,47 @@ func newClusterCmd() *cobra.Command {
 	}
 	{
 		var af adminFlags
+		var repair bool
 		c := &cobra.Command{
 			Use:   "check",
 			Short: "Compare every copy of every object; exit 0 only when all are present and equal",
-			Args:  cobra.NoArgs,
+			Long: "Compares every copy of every object by checksum and reports missing, diverging and extra copies. " +
+				"With --repair it then fixes them (a missing copy is recovered from the newest; among differing copies the one most nodes hold wins; " +
+				"extra copies are dropped once the replicas have them), says what it did, and checks again.",
+			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				r, err := clusterCheck(cmd, &af)
-				if err != nil {
-					return err
-				}
-				if err := af.print(cmd.OutOrStdout(), r, func(w io.Writer) {
-					fmt.Fprintf(w, "%d objects, %d copies compared, %d problems\n", r.Objects, r.Copies, len(r.Bad))
-					for _, b := range r.Bad {
-						fmt.Fprintf(w, "vdi %s object %s: %s %s\n", b.VDI, b.Object, b.Problem, strings.Join(b.Nodes, " "))
+				return clusterCheck(cmd, &af, func(r *node.CheckReport, v *gateway.View, net gateway.Caller) (*node.CheckReport, error) {
+					report := func(r *node.CheckReport, actions []string) error {
+						return af.print(cmd.OutOrStdout(), struct {
+							*node.CheckReport
+							Repaired []string `json:"repaired,omitempty"`
+						}{r, actions}, func(w io.Writer) {
+							for _, a := range actions {
+								fmt.Fprintf(w, "repaired: %s\n", a)
+							}
+							fmt.Fprintf(w, "%d objects, %d copies compared, %d problems\n", r.Objects, r.Copies, len(r.Bad))
+							for _, b := range r.Bad {
+								fmt.Fprintf(w, "vdi %s object %s: %s %s\n", b.VDI, b.Object, b.Problem, strings.Join(b.Nodes, " "))
+							}
+						})
 					}
-				}); err != nil {
-					return err
-				}
-				if len(r.Bad) > 0 {
-					return &img.ExitError{Code: 1}
-				}
-				return nil
+					if !repair || len(r.Bad) == 0 {
+						return r, report(r, nil)
+					}
+					actions, err := node.Repair(cmd.Context(), net, v, r)
+					if err != nil {
+						return nil, err
+					}
+					again, err := node.Check(cmd.Context(), net, v, r.VDIs, nil)
+					if err != nil {
+						return nil, err
+					}
+					return again, report(again, actions)
+				})
 			},
 		}
 		af.add(c)
+		c.Flags().BoolVar(&repair, "repair", false, "fix missing, diverging and extra copies, then check again")
 		cmd.AddCommand(c)
 	}
 	return cmd
@@ -648,24 +666,24 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 // clusterCheck runs the check from here: it learns the nodes and VDIs
 // from the node at -a, then asks every node for its objects and their
 // checksums itself, with a progress bar on a terminal.
-func clusterCheck(cmd *cobra.Command, af *adminFlags) (*node.CheckReport, error) {
+func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckReport, *gateway.View, gateway.Caller) (*node.CheckReport, error)) error {
 	var info node.Info
 	if _, err := af.do(cmd, node.AdminRequest{Cmd: "info"}, nil, &info); err != nil {
-		return nil, err
+		return err
 	}
 	var vdis []membership.VDI
 	if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vdis); err != nil {
-		return nil, err
+		return err
 	}
 	v, err := node.ViewOf(membership.View{Epoch: info.Epoch, Nodes: info.Nodes})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var dial protocol.Dialer
 	if af.tls.cert != "" || af.tls.key != "" || af.tls.ca != "" {
 		tc, err := protocol.ClientTLS(af.tls.cert, af.tls.key, af.tls.ca)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		dial = protocol.TLSDialer(tc)
 	}
@@ -683,5 +701,16 @@ func clusterCheck(cmd *cobra.Command, af *adminFlags) (*node.CheckReport, error)
 			bar.Set(done)
 		}
 	}
-	return node.Check(cmd.Context(), pool, v, vdis, progress)
+	r, err := node.Check(cmd.Context(), pool, v, vdis, progress)
+	if err != nil {
+		return err
+	}
+	r.VDIs = vdis
+	if r, err = then(r, v, pool); err != nil {
+		return err
+	}
+	if len(r.Bad) > 0 {
+		return &img.ExitError{Code: 1}
+	}
+	return nil
 }
