@@ -19,37 +19,9 @@ need_tools
 command -v nbdinfo >/dev/null || { echo "install libnbd-bin" >&2; exit 1; }
 build_ovis
 
-TMP=${CLUSTER_TMPFS:-/dev/shm/ovis-bench-cluster.$$}
-mkdir -p "$TMP"
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-E1=$(port); E2=$(port); NBD=$(port)
-A=()
-for i in 1 2 3; do A+=("127.0.0.1:$(port)"); done
-
-start_node() { # i args...
-	local i=$1; shift
-	"$OVIS" node --dir "$TMP/n$i" --listen "${A[$((i - 1))]}" --log-level warn "$@" >"$TMP/n$i.out" 2>"$TMP/n$i.log" &
-	PIDS+=($!)
-	for _ in $(seq 300); do
-		grep -q "serving on" "$TMP/n$i.out" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	echo "node $i did not start:" >&2; cat "$TMP/n$i.log" >&2; exit 1
-}
-start_node 1 --etcd-listen "http://127.0.0.1:$E1" --etcd-peer "http://127.0.0.1:$E2" --nbd "127.0.0.1:$NBD"
-start_node 2 --etcd "http://127.0.0.1:$E1"
-start_node 3 --etcd "http://127.0.0.1:$E1"
-sleep 1
-"$OVIS" cluster format --copies 3 -a "${A[0]}" >/dev/null
-"$OVIS" vdi create bench "$SIZE" -a "${A[0]}" >/dev/null
+cluster_dir cluster
+node_ports
+start_nodes bench "$SIZE"
 URI="nbd://127.0.0.1:$NBD/bench"
 echo "# $(date -Is) ovis $(git -C "$(dirname "$0")/.." rev-parse --short HEAD), 3 nodes, copies 3, data on $TMP; load $(cut -d' ' -f1-3 /proc/loadavg)"
 

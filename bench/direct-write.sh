@@ -21,16 +21,7 @@ SIZES=${SIZES:-"1M 4k"}
 need_tools
 build_ovis
 (cd "$(dirname "$0")/.." && go build -o "$BENCH_DIR/delayproxy" ./bench/delayproxy)
-TMP=${CLUSTER_TMPFS:-/dev/shm/ovis-bench-dw.$$}
-mkdir -p "$TMP"
-PIDS=()
-cleanup() {
-	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-	rm -rf "$TMP"
-}
-trap cleanup EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cluster_dir dw
 
 # proxy LISTEN TO DELAY — starts a delay proxy, prints nothing.
 proxy() {
@@ -42,31 +33,20 @@ proxy() {
 # the others through a proxy that adds it.
 start_cluster() {
 	local d=$1
-	E1=$(port); E2=$(port); NBD=$(port)
-	for i in 1 2 3; do
-		L[$i]=127.0.0.1:$(port)
-		if [ "$d" != 0 ]; then
+	node_ports
+	P=()
+	if [ "$d" != 0 ]; then
+		for i in 1 2 3; do
 			P[$i]=127.0.0.1:$(port)
 			proxy "${P[$i]}" "${L[$i]}" "$d"
-		else
-			P[$i]=${L[$i]}
-		fi
-	done
-	for i in 1 2 3; do
-		local extra=(--etcd "http://127.0.0.1:$E1")
-		[ "$i" = 1 ] && extra=(--etcd-listen "http://127.0.0.1:$E1" --etcd-peer "http://127.0.0.1:$E2" --nbd "127.0.0.1:$NBD")
-		"$OVIS" node --dir "$TMP/n$i" --listen "${L[$i]}" --advertise "${P[$i]}" --log-level warn "${extra[@]}" >"$TMP/n$i.out" 2>"$TMP/n$i.log" &
-		PIDS+=($!)
-		for _ in $(seq 300); do grep -q "serving on" "$TMP/n$i.out" 2>/dev/null && break; sleep 0.1; done
-	done
-	sleep 1
-	"$OVIS" cluster format --copies 3 -a "${L[1]}" >/dev/null
-	"$OVIS" vdi create dw 1G -a "${L[1]}" >/dev/null
+		done
+	fi
+	start_nodes dw 1G
 }
 
 stop_cluster() {
-	cleanup
-	PIDS=()
+	stop_nodes
+	rm -rf "$TMP"
 	mkdir -p "$TMP"
 }
 

@@ -83,3 +83,70 @@ median1() {
 }
 
 ratio() { python3 -c "print(f'{$1/$2:.2f}' if $2 else 'n/a')"; }
+
+# The cluster helpers: three `ovis node`s on loopback, data on tmpfs.
+PIDS=()
+# cluster_dir NAME — makes TMP (CLUSTER_TMPFS, or a folder of /dev/shm
+# named after NAME) for the nodes' data; at exit every process in PIDS is
+# stopped and TMP removed.
+cluster_dir() {
+	TMP=${CLUSTER_TMPFS:-/dev/shm/ovis-bench-$1.$$}
+	mkdir -p "$TMP"
+	trap cleanup EXIT
+}
+
+# stop_nodes — stops every process in PIDS and waits for it.
+stop_nodes() {
+	for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+	PIDS=()
+}
+
+cleanup() {
+	stop_server
+	stop_nodes
+	rm -rf "$TMP"
+}
+
+# port — prints a loopback TCP port that was free a moment ago.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# node_ports — sets L[1..3], the nodes' listen addresses.
+node_ports() {
+	L=()
+	for i in 1 2 3; do L[$i]=127.0.0.1:$(port); done
+}
+
+# start_node I LISTEN ARGS... — starts node I with its data in $TMP/nI and
+# waits until it serves; exits the script when it does not start.
+start_node() {
+	local i=$1 listen=$2
+	shift 2
+	"$OVIS" node --dir "$TMP/n$i" --listen "$listen" --log-level warn "$@" >"$TMP/n$i.out" 2>"$TMP/n$i.log" &
+	PIDS+=($!)
+	for _ in $(seq 300); do
+		grep -q "serving on" "$TMP/n$i.out" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	echo "node $i did not start:" >&2
+	cat "$TMP/n$i.log" >&2
+	exit 1
+}
+
+# start_nodes VDI SIZE — starts three nodes on L[1..3], each advertised as
+# P[i] when set (a delay proxy in front of it), the first embedding etcd
+# and serving NBD on 127.0.0.1:$NBD (NBD is set here); formats the
+# cluster with copies 3 and creates VDI.
+start_nodes() {
+	local vdi=$1 size=$2 e1 e2 i
+	e1=$(port)
+	e2=$(port)
+	NBD=$(port)
+	start_node 1 "${L[1]}" --advertise "${P[1]:-${L[1]}}" --etcd-listen "http://127.0.0.1:$e1" --etcd-peer "http://127.0.0.1:$e2" --nbd "127.0.0.1:$NBD"
+	for i in 2 3; do
+		start_node "$i" "${L[$i]}" --advertise "${P[$i]:-${L[$i]}}" --etcd "http://127.0.0.1:$e1"
+	done
+	sleep 1
+	"$OVIS" cluster format --copies 3 -a "${L[1]}" >/dev/null
+	"$OVIS" vdi create "$vdi" "$size" -a "${L[1]}" >/dev/null
+}

@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -107,6 +108,9 @@ type Config struct {
 type Device struct {
 	cfg     Config
 	objSize int64
+	// size is the VDI's size now: it starts at cfg.Size and follows
+	// resizes (SetSize) while requests run.
+	size atomic.Int64
 
 	mu     sync.Mutex
 	dirty  map[string]struct{} // node IDs with unflushed writes of this VDI
@@ -149,6 +153,7 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		cfg.RetryTimeout = 30 * time.Second
 	}
 	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}}
+	d.size.Store(cfg.Size)
 	if cfg.Token != 0 {
 		if err := d.fence(ctx); err != nil {
 			return nil, err
@@ -170,7 +175,22 @@ func (d *Device) fence(ctx context.Context) error {
 }
 
 // Size is the VDI's size.
-func (d *Device) Size() int64 { return d.cfg.Size }
+func (d *Device) Size() int64 { return d.size.Load() }
+
+// SetSize follows a resize of the VDI: requests checked after it returns
+// are bounded by size. Requests in flight are not waited for; growing is
+// therefore always safe, and a shrink refuses only what is checked after
+// it (the data past the new end is forfeit either way). An NBD client
+// keeps the size it was given at its handshake: it must reconnect to see
+// the new one, as with qemu-nbd. It returns an error, and changes
+// nothing, for a size the VDI's object size cannot reach.
+func (d *Device) SetSize(size int64) error {
+	if size < 0 || size > object.MaxVDISize(d.objSize) {
+		return fmt.Errorf("gateway: vdi %s: size %d out of range", d.cfg.Name, size)
+	}
+	d.size.Store(size)
+	return nil
+}
 
 // ReadOnly reports whether the device was opened without a token.
 func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
@@ -200,7 +220,7 @@ func (d *Device) check(off, n int64, write bool) error {
 	case write && d.cfg.Live != nil && !d.cfg.Live(time.Now()):
 		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, ErrLeaseLost)
 	}
-	return block.CheckRange(off, n, d.cfg.Size)
+	return block.CheckRange(off, n, d.size.Load())
 }
 
 // piece is the part of a request that falls in one object.

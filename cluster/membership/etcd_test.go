@@ -490,9 +490,17 @@ func TestVDITable(t *testing.T) {
 		t.Fatalf("GetVDIByID unknown: %v", err)
 	}
 
-	// Resize.
+	// Resize. The record's revision rises with it, so a node can tell
+	// the newer of two reads.
+	_, rev0, err := c.GetVDIRevision(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if g, err := c.ResizeVDI(ctx, "a", 2<<30, false); err != nil || g.Size != 2<<30 {
 		t.Fatalf("grow: %+v, %v", g, err)
+	}
+	if g, rev1, err := c.GetVDIRevision(ctx, "a"); err != nil || g.Size != 2<<30 || rev1 <= rev0 {
+		t.Fatalf("after grow: %+v at revision %d (was %d), %v", g, rev1, rev0, err)
 	}
 	if _, err := c.ResizeVDI(ctx, "a", 1<<30, false); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("shrink without leave: %v", err)

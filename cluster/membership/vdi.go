@@ -231,6 +231,14 @@ func (c *Client) GetVDI(ctx context.Context, name string) (VDI, error) {
 	return v, err
 }
 
+// GetVDIRevision returns the VDI named name, or ErrNoVDI, with the etcd
+// revision its record was last written at: of two reads, the one with
+// the higher revision is the newer record (a resize, say).
+func (c *Client) GetVDIRevision(ctx context.Context, name string) (VDI, int64, error) {
+	v, _, mod, err := c.getVDI(ctx, name)
+	return v, mod, err
+}
+
 // GetVDIByID returns the VDI with the id, or ErrNoVDI.
 func (c *Client) GetVDIByID(ctx context.Context, id object.VDI) (VDI, error) {
 	resp, err := c.cli.Get(ctx, c.k.vdiID(id))

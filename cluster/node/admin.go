@@ -295,19 +295,6 @@ func (n *Node) self() NodeStatus {
 	return s
 }
 
-// call sends an admin request to another node.
-func (n *Node) call(ctx context.Context, addr string, ar AdminRequest, data []byte, out any) ([]byte, error) {
-	p, err := EncodeAdmin(ar, data)
-	if err != nil {
-		return nil, err
-	}
-	var resp protocol.Response
-	if err := n.pool.Call(ctx, addr, &protocol.Request{Op: protocol.OpAdmin, Length: uint32(len(p)), Payload: p}, &resp); err != nil {
-		return nil, err
-	}
-	return DecodeAdmin(resp.Payload, out)
-}
-
 func (n *Node) nodeList(ctx context.Context) (any, []byte, error) {
 	v, err := n.mc.View(ctx)
 	if err != nil {
@@ -326,7 +313,7 @@ func (n *Node) nodeList(ctx context.Context) (any, []byte, error) {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			var s NodeStatus
-			if _, err := n.call(cctx, ni.Addr, AdminRequest{Cmd: "node.self"}, nil, &s); err != nil {
+			if _, err := callAdmin(cctx, n.pool, ni.Addr, AdminRequest{Cmd: "node.self"}, nil, &s, nil); err != nil {
 				s = NodeStatus{ID: ni.ID, Addr: ni.Addr, Zone: ni.Zone, Weight: ni.Weight, State: "unreachable", Error: err.Error()}
 			}
 			out[i] = s

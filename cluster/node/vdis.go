@@ -29,6 +29,7 @@ type openVDI struct {
 	lock   *membership.Lock // nil when read-only
 	holder string           // who holds the lock when read-only
 	exp    nbd.Export
+	rev    int64 // etcd revision of the record dev's size comes from; vdis.mu
 }
 
 func newVDIs(n *Node) *vdis { return &vdis{n: n, open: map[string]*openVDI{}} }
@@ -38,19 +39,36 @@ func (r *vdis) holder() string { return fmt.Sprintf("%s (%s)", r.n.id, r.n.Addr(
 
 // get returns the VDI called name, opening it on first use: writable when
 // its lock is free (this node takes it), read-only when another holds it.
+//
+// The VDI's record is read from etcd on every call, also for a VDI open
+// here, and its size given to the open device: so the connection (or
+// admin command) that comes after `ovis vdi resize` returns sees the new
+// size, through any node. A connected NBD client keeps the size of its
+// handshake (NBD has no way to tell it); it must reconnect, as with
+// qemu-nbd.
 func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	r.mu.Lock()
 	o := r.open[name]
 	r.mu.Unlock()
-	if o != nil && o.lock != nil {
+	v, rev, err := r.n.mc.GetVDIRevision(ctx, name)
+	switch {
+	case errors.Is(err, membership.ErrNoVDI):
+		return nil, fmt.Errorf("%w: %w", nbd.ErrUnknownExport, err)
+	case err != nil && o != nil && o.lock != nil:
+		// etcd did not answer: this node still holds the lock (its lease
+		// fences it otherwise), so it serves the size it knows.
+		r.n.log.Warn("vdi record not read; serving the size known", "vdi", name, "size", o.dev.Size(), "err", err)
 		return o, nil
-	}
-	v, err := r.n.mc.GetVDI(ctx, name)
-	if err != nil {
-		if errors.Is(err, membership.ErrNoVDI) {
-			return nil, fmt.Errorf("%w: %w", nbd.ErrUnknownExport, err)
-		}
+	case err != nil:
 		return nil, err
+	}
+	if o != nil && o.vdi.ID == v.ID {
+		if err := r.resize(o, v.Size, rev); err != nil {
+			return nil, fmt.Errorf("node: vdi %q: %w", name, err)
+		}
+		if o.lock != nil {
+			return o, nil
+		}
 	}
 	// Open read-only before: the lock may have come free meanwhile.
 	var lk *membership.Lock
@@ -88,7 +106,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		}
 		return nil, err
 	}
-	o = &openVDI{vdi: v, dev: dev, lock: lk, holder: holder}
+	o = &openVDI{vdi: v, dev: dev, lock: lk, holder: holder, rev: rev}
 	o.exp = nbd.Export{Name: v.Name, Device: export.WithCacheMode(dev, r.n.cfg.Cache), ReadOnly: lk == nil, MultiConn: true, NoHoleMap: true}
 	if lk == nil {
 		o.exp.Description = "read-only: locked by " + holder
@@ -108,6 +126,22 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		r.n.m.Locks.Inc()
 	}
 	return o, nil
+}
+
+// resize gives o's device the size of the record read at rev, unless a
+// newer record's size was given already (two opens may read the table
+// around a resize and finish in either order).
+func (r *vdis) resize(o *openVDI, size, rev int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rev <= o.rev {
+		return nil
+	}
+	if err := o.dev.SetSize(size); err != nil {
+		return err
+	}
+	o.rev = rev
+	return nil
 }
 
 // Lookup is nbd.Exports': the VDI called name.

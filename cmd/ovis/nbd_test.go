@@ -474,8 +474,9 @@ func startQemuIO(t *testing.T, uri string) *qemuIO {
 	return q
 }
 
-// do sends one command and waits for a line containing want.
-func (q *qemuIO) do(command, want string) {
+// do sends one command and waits for a line containing want. It returns
+// the lines printed before that one.
+func (q *qemuIO) do(command, want string) []string {
 	q.t.Helper()
 	fmt.Fprintln(q.in, command)
 	timeout := time.After(30 * time.Second)
@@ -487,7 +488,7 @@ func (q *qemuIO) do(command, want string) {
 				q.t.Fatalf("qemu-io ended before %q\n%s", want, strings.Join(seen, "\n"))
 			}
 			if strings.Contains(l, want) {
-				return
+				return seen
 			}
 			seen = append(seen, l)
 		case <-timeout:

@@ -26,17 +26,20 @@ type upRun struct {
 	t              *testing.T
 	cmd            *exec.Cmd
 	stdout, stderr *syncBuffer
-	exited         chan struct{}
-	code           int
+	exited         chan struct{} // closed once the process has exited
+	code           int           // its exit status, once exited
+	err            error         // what Wait returned, once exited
 	uri            string
 }
 
-// startUp runs `ovis up args...` in dir and waits until it has printed
-// the last of its attach commands.
-func startUp(t *testing.T, dir string, args ...string) *upRun {
+// startUpProcess runs `ovis args...` in dir and gives each line it prints
+// on stdout to ready until ready returns true. It fails the test when the
+// process ends first or ready is not satisfied within timeout; the
+// process is killed when the test ends.
+func startUpProcess(t *testing.T, dir string, timeout time.Duration, ready func(line string) bool, args ...string) *upRun {
 	t.Helper()
 	u := &upRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	u.cmd = exec.Command(ovisBin, append([]string{"up", "--image"}, args...)...)
+	u.cmd = exec.Command(ovisBin, args...)
 	u.cmd.Dir = dir
 	out, err := u.cmd.StdoutPipe()
 	if err != nil {
@@ -53,7 +56,7 @@ func startUp(t *testing.T, dir string, args ...string) *upRun {
 			lines <- sc.Text()
 		}
 		close(lines)
-		u.cmd.Wait()
+		u.err = u.cmd.Wait()
 		u.code = u.cmd.ProcessState.ExitCode()
 		close(u.exited)
 	}()
@@ -65,28 +68,40 @@ func startUp(t *testing.T, dir string, args ...string) *upRun {
 			<-u.exited
 		}
 	})
-	timeout := time.After(30 * time.Second)
+	deadline := time.After(timeout)
 	for {
 		select {
 		case l, ok := <-lines:
 			if !ok {
 				<-u.exited
-				t.Fatalf("ovis up ended (%d) before serving\nstdout: %s\nstderr: %s", u.code, u.stdout, u.stderr)
+				t.Fatalf("ovis %s ended (%v) before it was ready\nstdout: %s\nstderr: %s", args[0], u.err, u.stdout, u.stderr)
 			}
-			if m := upURIRE.FindString(l); m != "" && u.uri == "" {
-				u.uri = m
-			}
-			if u.uri != "" && l == "qemu-img info "+u.uri {
+			if ready(l) {
 				go func() {
 					for range lines {
 					}
 				}()
 				return u
 			}
-		case <-timeout:
-			t.Fatalf("ovis up printed no attach commands in 30s\nstdout: %s\nstderr: %s", u.stdout, u.stderr)
+		case <-deadline:
+			t.Fatalf("ovis %s not ready in %v\nstdout: %s\nstderr: %s", args[0], timeout, u.stdout, u.stderr)
 		}
 	}
+}
+
+// startUp runs `ovis up --image args...` in dir and waits until it has
+// printed the last of its attach commands.
+func startUp(t *testing.T, dir string, args ...string) *upRun {
+	t.Helper()
+	uri := ""
+	u := startUpProcess(t, dir, 30*time.Second, func(l string) bool {
+		if m := upURIRE.FindString(l); m != "" && uri == "" {
+			uri = m
+		}
+		return uri != "" && l == "qemu-img info "+uri
+	}, append([]string{"up", "--image"}, args...)...)
+	u.uri = uri
+	return u
 }
 
 // wait waits for ovis up to exit within d and returns its status.

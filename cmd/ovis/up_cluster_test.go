@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,12 +13,8 @@ import (
 
 // upClusterRun is one `ovis up` (the cluster) in a folder.
 type upClusterRun struct {
-	cmd    *exec.Cmd
-	out    *syncBuffer
-	stderr *syncBuffer
-	uri    string // nbd://…/disk0
-	admin  string
-	exited chan error
+	*upRun        // uri is nbd://…/disk0
+	admin  string // a node's admin address
 }
 
 var (
@@ -34,53 +27,18 @@ var ports0 = []string{"--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0",
 
 func startUpCluster(t *testing.T, dir string, args ...string) *upClusterRun {
 	t.Helper()
-	u := &upClusterRun{out: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan error, 1)}
-	u.cmd = exec.Command(ovisBin, append(append([]string{"up"}, ports0...), args...)...)
-	u.cmd.Dir = dir
-	u.cmd.Stderr = u.stderr
-	stdout, err := u.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := u.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(io.TeeReader(stdout, u.out))
-		for sc.Scan() {
-			lines <- sc.Text()
+	var uri, admin string
+	u := startUpProcess(t, dir, 60*time.Second, func(l string) bool {
+		if m := upServingRE.FindStringSubmatch(l); m != nil {
+			uri = m[1]
 		}
-		close(lines)
-		u.exited <- u.cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if u.cmd.ProcessState == nil {
-			u.cmd.Process.Kill()
+		if m := upAdminRE.FindStringSubmatch(l); m != nil {
+			admin = m[1]
 		}
-	})
-	timeout := time.After(60 * time.Second)
-	for u.admin == "" {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("ovis up ended before serving: %v\nstdout: %s\nstderr: %s", <-u.exited, u.out, u.stderr)
-			}
-			if m := upServingRE.FindStringSubmatch(l); m != nil {
-				u.uri = m[1]
-			}
-			if m := upAdminRE.FindStringSubmatch(l); m != nil {
-				u.admin = m[1]
-			}
-		case <-timeout:
-			t.Fatalf("ovis up not serving in 60 s\nstdout: %s\nstderr: %s", u.out, u.stderr)
-		}
-	}
-	go func() {
-		for range lines {
-		}
-	}()
-	return u
+		return admin != ""
+	}, append(append([]string{"up"}, ports0...), args...)...)
+	u.uri = uri
+	return &upClusterRun{upRun: u, admin: admin}
 }
 
 // stop sends SIGINT and waits for a clean exit.
@@ -88,15 +46,15 @@ func (u *upClusterRun) stop(t *testing.T) {
 	t.Helper()
 	u.cmd.Process.Signal(syscall.SIGINT)
 	select {
-	case err := <-u.exited:
-		if err != nil {
-			t.Fatalf("ovis up after SIGINT: %v\nstderr: %s", err, u.stderr)
+	case <-u.exited:
+		if u.err != nil {
+			t.Fatalf("ovis up after SIGINT: %v\nstderr: %s", u.err, u.stderr)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("ovis up still running 60 s after SIGINT")
 	}
-	if !strings.Contains(u.out.String(), "stopped: every node left the cluster cleanly") {
-		t.Errorf("ovis up did not say it stopped cleanly:\n%s", u.out)
+	if !strings.Contains(u.stdout.String(), "stopped: every node left the cluster cleanly") {
+		t.Errorf("ovis up did not say it stopped cleanly:\n%s", u.stdout)
 	}
 }
 
@@ -109,8 +67,8 @@ func TestUpCluster(t *testing.T) {
 	dir := t.TempDir()
 	u := startUpCluster(t, dir)
 	for _, want := range []string{"formatted a new cluster: 1 node(s), 1 copies", "disk0 (created, 20 GiB VDI, 1 copies)", "another machine joins this cluster with:\novis node --dir ovis-node --etcd http://127.0.0.1:"} {
-		if !strings.Contains(u.out.String(), want) {
-			t.Errorf("ovis up printed\n%s\nwant %q", u.out, want)
+		if !strings.Contains(u.stdout.String(), want) {
+			t.Errorf("ovis up printed\n%s\nwant %q", u.stdout, want)
 		}
 	}
 	e := nbdinfo(t, u.uri).Exports[0]
@@ -128,8 +86,8 @@ func TestUpCluster(t *testing.T) {
 	u.stop(t)
 
 	u = startUpCluster(t, dir)
-	if !strings.Contains(u.out.String(), "disk0 (exists, 20 GiB VDI, 1 copies)") {
-		t.Errorf("second ovis up printed\n%s\nwant the existing disk0", u.out)
+	if !strings.Contains(u.stdout.String(), "disk0 (exists, 20 GiB VDI, 1 copies)") {
+		t.Errorf("second ovis up printed\n%s\nwant the existing disk0", u.stdout)
 	}
 	qemuIONBD(t, u.uri, "read -P 0x6b 1M 192k", "read -P 0x6c 19G 4k", "read -P 0 0 1M")
 	u.stop(t)
@@ -141,8 +99,8 @@ func TestUpClusterThreeNodes(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	u := startUpCluster(t, dir, "--nodes", "3", "--size", "64M")
-	if !strings.Contains(u.out.String(), "disk0 (created, 64 MiB VDI, 3 copies)") {
-		t.Errorf("ovis up --nodes 3 printed\n%s", u.out)
+	if !strings.Contains(u.stdout.String(), "disk0 (created, 64 MiB VDI, 3 copies)") {
+		t.Errorf("ovis up --nodes 3 printed\n%s", u.stdout)
 	}
 	qemuIONBD(t, u.uri, "write -P 0x21 0 6M", "write -P 0x22 60M 4M")
 	r := ovis(t, dir, "cluster", "check", "-a", u.admin)

@@ -34,7 +34,7 @@ type upCluster struct {
 	Logger     *slog.Logger
 }
 
-const upVDI = "disk0"
+const upVDI = serve.UpExport
 
 // runUpCluster starts an embedded etcd and cfg.Nodes storage nodes under
 // cfg.Dir, formats the cluster the first time (copies = the number of
@@ -156,22 +156,11 @@ func runUpCluster(ctx context.Context, cfg upCluster, w io.Writer) (err error) {
 	return nil
 }
 
-// printUpAttach prints the served disk's URL, the commands that use it
-// and the one with which another machine joins.
+// printUpAttach prints the served disk's URL and the commands that use
+// it, as the image's ovis up does, then the one with which another
+// machine joins.
 func printUpAttach(w io.Writer, addr net.Addr, first *node.Node) {
-	hp := addr.String()
-	if host, port, err := net.SplitHostPort(hp); err == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-			hp = net.JoinHostPort("127.0.0.1", port)
-		}
-	}
-	uri := fmt.Sprintf("nbd://%s/%s", hp, upVDI)
-	fmt.Fprintf(w, "serving %s at %s (cache writeback); stop with Ctrl-C\n", upVDI, uri)
-	fmt.Fprintf(w, "attach it to a VM as a virtio data disk next to the guest's own boot disk (BOOT.qcow2 here; or -kernel/-initrd):\n")
-	fmt.Fprintf(w, "%s\n", serve.AttachCommand(uri))
-	fmt.Fprintln(w, "or look at it with:")
-	fmt.Fprintf(w, "nbdinfo %s\n", uri)
-	fmt.Fprintf(w, "qemu-img info %s\n", uri)
+	serve.PrintAttach(w, addr)
 	etcd := strings.Join(first.EtcdEndpoints(), ",")
 	fmt.Fprintf(w, "another machine joins this cluster with:\n")
 	fmt.Fprintf(w, "ovis node --dir ovis-node --etcd %s --listen HOST:7000 --nbd HOST:10809\n", etcd)

@@ -100,7 +100,12 @@ func StartEtcd(t testing.TB, n int) []*EtcdMember {
 			t.Fatalf("testutil: starting etcd: %v", err)
 		}
 		go func() { m.cmd.Wait(); close(m.exited) }()
-		t.Cleanup(m.Stop)
+		t.Cleanup(func() {
+			m.Stop()
+			if t.Failed() {
+				t.Logf("etcd member %s, the end of its log:\n%s", m.Name, tail(m.Log(), 3000))
+			}
+		})
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, m := range members {
@@ -129,6 +134,14 @@ func EtcdEndpoints(ms []*EtcdMember) string {
 		urls = append(urls, m.ClientURL)
 	}
 	return strings.Join(urls, ",")
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 // lockedWriter is a strings.Builder safe for a process's output copier

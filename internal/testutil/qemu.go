@@ -24,7 +24,7 @@ func tool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		t.Fatalf("testutil: %s is not installed (%v); run scripts/test.sh, which installs qemu-utils", name, err)
+		t.Fatalf("testutil: %s is not installed (%v); run scripts/test.sh, which installs it", name, err)
 	}
 	return p
 }

@@ -100,7 +100,7 @@ func Up(ctx context.Context, cfg UpConfig, w io.Writer) error {
 		Warnings:           cfg.Warnings,
 		Logger:             cfg.Logger,
 		Ready: func(addr net.Addr) {
-			printAttach(w, addr)
+			PrintAttach(w, addr)
 		},
 	})
 	if le := (*block.LockError)(nil); errors.As(err, &le) && le.Path == path {
@@ -133,10 +133,11 @@ func displayPath(path string) string {
 	return path
 }
 
-// printAttach prints the URL of the served disk and the commands that use
-// it. The VM line is complete but for the guest's boot disk: an NBD disk
+// PrintAttach prints the URL of disk0 served at addr and the commands
+// that use it, for both kinds of ovis up (an image, a cluster's VDI).
+// The VM line is complete but for the guest's boot disk: an NBD disk
 // holds no operating system of its own, so it is a virtio data disk.
-func printAttach(w io.Writer, addr net.Addr) {
+func PrintAttach(w io.Writer, addr net.Addr) {
 	host, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
 		host, port = "127.0.0.1", DefaultPort
@@ -150,13 +151,13 @@ func printAttach(w io.Writer, addr net.Addr) {
 	fmt.Fprintf(w, "(a client asking for the default export, nbd://%s/, gets %s too)\n", hp, UpExport)
 	fmt.Fprintf(w, "attach it to a VM as a virtio data disk next to the guest's own boot disk (BOOT.qcow2 here; or -kernel/-initrd):\n")
 	fmt.Fprintf(w, "%s\n", AttachCommand(uri))
-	fmt.Fprintln(w, "  (cache=writeback: the guest's flushes reach the image; cache=unsafe drops them, faster but a crash can lose data)")
+	fmt.Fprintln(w, "  (cache=writeback: the guest's flushes reach the disk; cache=unsafe drops them, faster but a crash can lose data)")
 	fmt.Fprintln(w, "or look at it with:")
 	fmt.Fprintf(w, "nbdinfo %s\n", uri)
 	fmt.Fprintf(w, "qemu-img info %s\n", uri)
 }
 
-// AttachCommand is the qemu-system-x86_64 line printAttach shows for uri.
+// AttachCommand is the qemu-system-x86_64 line PrintAttach shows for uri.
 func AttachCommand(uri string) string {
 	return "qemu-system-x86_64 -m 2G -drive file=BOOT.qcow2,format=qcow2,if=virtio -drive file=" + uri + ",format=raw,if=virtio,cache=writeback"
 }
