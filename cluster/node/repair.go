@@ -181,4 +181,3 @@ func (n *Node) repairCmd(ctx context.Context, ar AdminRequest) (string, error) {
 	}
 	return "", fmt.Errorf("unknown repair command %q", ar.Cmd)
 }
-
