@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"syscall"
 
+	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 )
 
@@ -53,7 +54,7 @@ func (a *AdminClient) sendErr(err error) error {
 // the JSON result; the raw bytes are returned). sendErr, when not nil,
 // words a failure to deliver the request or a refusal by the node; the
 // command's own error comes back as the node gave it.
-func callAdmin(ctx context.Context, pool *protocol.Pool, addr string, ar AdminRequest, data []byte, out any, sendErr func(error) error) ([]byte, error) {
+func callAdmin(ctx context.Context, pool gateway.Caller, addr string, ar AdminRequest, data []byte, out any, sendErr func(error) error) ([]byte, error) {
 	p, err := EncodeAdmin(ar, data)
 	if err != nil {
 		return nil, err

@@ -98,21 +98,16 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 	return done, nil
 }
 
-// adminVia sends one admin command to the node at addr through net.
+// adminVia sends one admin command to the node at addr through net; a
+// refusal comes back as the node worded it.
 func adminVia(ctx context.Context, net gateway.Caller, addr string, ar AdminRequest, out any) error {
-	p, err := EncodeAdmin(ar, nil)
-	if err != nil {
-		return err
-	}
-	var resp protocol.Response
-	if err := net.Call(ctx, addr, &protocol.Request{Op: protocol.OpAdmin, Length: uint32(len(p)), Payload: p}, &resp); err != nil {
+	_, err := callAdmin(ctx, net, addr, ar, nil, out, func(err error) error {
 		var pe *protocol.Error
 		if errors.As(err, &pe) {
 			return errors.New(pe.Msg)
 		}
 		return err
-	}
-	_, err = DecodeAdmin(resp.Payload, out)
+	})
 	return err
 }
 
