@@ -136,11 +136,11 @@ func crashWorker(s *Store, logPath string, seed uint64, vdis []object.VDI, flush
 		fmt.Fprintf(logf, "begin %s\n", op)
 		switch op.kind {
 		case "write":
-			_, err = s.WriteAt(op.id, op.token, crashData(op.seed, op.n), op.off, op.sync)
+			_, err = s.WriteAt(op.id, Stamp{Token: op.token}, crashData(op.seed, op.n), op.off, op.sync)
 		case "zero":
-			_, err = s.WriteZeroes(op.id, op.token, op.off, op.n, op.alloc, op.sync)
+			_, err = s.WriteZeroes(op.id, Stamp{Token: op.token}, op.off, op.n, op.alloc, op.sync)
 		case "remove":
-			err = s.Remove(op.id, op.token)
+			err = s.Remove(op.id, Stamp{Token: op.token})
 		case "flush":
 			err = s.Flush(op.vdi)
 		case "put":

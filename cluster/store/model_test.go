@@ -161,7 +161,7 @@ func TestModel(t *testing.T) {
 				off, n := genRange(t)
 				p := rapid.SliceOfN(rapid.Byte(), int(n), int(n)).Draw(t, "p")
 				tok := genToken(t, m, id.VDI())
-				v, err := s.WriteAt(id, tok, p, off, rapid.Bool().Draw(t, "sync"))
+				v, err := s.WriteAt(id, Stamp{Token: tok}, p, off, rapid.Bool().Draw(t, "sync"))
 				if checkStale(t, m.admit(id.VDI(), tok), err) {
 					m.write(id, p, off)
 					if v != m.objs[id].version {
@@ -176,9 +176,9 @@ func TestModel(t *testing.T) {
 				var v uint64
 				var err error
 				if rapid.Bool().Draw(t, "discard") {
-					v, err = s.Discard(id, tok, off, n, false)
+					v, err = s.Discard(id, Stamp{Token: tok}, off, n, false)
 				} else {
-					v, err = s.WriteZeroes(id, tok, off, n, rapid.Bool().Draw(t, "allocate"), rapid.Bool().Draw(t, "sync"))
+					v, err = s.WriteZeroes(id, Stamp{Token: tok}, off, n, rapid.Bool().Draw(t, "allocate"), rapid.Bool().Draw(t, "sync"))
 				}
 				if checkStale(t, m.admit(id.VDI(), tok), err) {
 					m.write(id, make([]byte, n), off)
@@ -190,7 +190,7 @@ func TestModel(t *testing.T) {
 			"remove": func(t *rapid.T) {
 				id := genID(t)
 				tok := genToken(t, m, id.VDI())
-				if checkStale(t, m.admit(id.VDI(), tok), s.Remove(id, tok)) {
+				if checkStale(t, m.admit(id.VDI(), tok), s.Remove(id, Stamp{Token: tok})) {
 					delete(m.objs, id)
 				}
 			},
@@ -300,11 +300,11 @@ func TestModel(t *testing.T) {
 				if checkRange(id, off, n) == nil {
 					return
 				}
-				if _, err := s.WriteZeroes(id, m.tokens[id.VDI()], off, n, true, false); !errors.Is(err, ErrRange) {
+				if _, err := s.WriteZeroes(id, Stamp{Token: m.tokens[id.VDI()]}, off, n, true, false); !errors.Is(err, ErrRange) {
 					t.Fatalf("WriteZeroes %d+%d: %v, want ErrRange", off, n, err)
 				}
 				if id.VDI() == 0 {
-					if err := s.Remove(id, 0); !errors.Is(err, ErrRange) {
+					if err := s.Remove(id, Stamp{Token: 0}); !errors.Is(err, ErrRange) {
 						t.Fatalf("Remove of vdi 0: %v", err)
 					}
 					if err := s.Put(id, 1, nil); !errors.Is(err, ErrRange) {

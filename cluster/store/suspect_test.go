@@ -37,26 +37,26 @@ func TestSuspect(t *testing.T) {
 	)
 	data := bytes.Repeat([]byte{7}, 5000)
 	for _, id := range []object.ID{flushed, dirty, other, removed, putAfter} {
-		if _, err := s.WriteAt(id, 1, data, 10, false); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: 1}, data, 10, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := s.WriteAt(synced, 1, data, 10, true); err != nil {
+	if _, err := s.WriteAt(synced, Stamp{Token: 1}, data, 10, true); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Flush(2); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(flushed, 1, data, 0, false); err != nil {
+	if _, err := s.WriteAt(flushed, Stamp{Token: 1}, data, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Flush(1); err != nil { // flushed and dirty are clean now…
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(dirty, 1, data, 20000, false); err != nil { // …and dirty is dirty again
+	if _, err := s.WriteAt(dirty, Stamp{Token: 1}, data, 20000, false); err != nil { // …and dirty is dirty again
 		t.Fatal(err)
 	}
-	if err := s.Remove(removed, 1); err != nil {
+	if err := s.Remove(removed, Stamp{Token: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Put(putAfter, 42, data); err != nil {
@@ -81,7 +81,7 @@ func TestSuspect(t *testing.T) {
 	if _, err := c.ReadAt(dirty, make([]byte, 10), 0); !errors.Is(err, ErrSuspect) {
 		t.Errorf("read of suspect: %v", err)
 	}
-	if _, err := c.WriteAt(dirty, 1, data, 0, true); !errors.Is(err, ErrSuspect) {
+	if _, err := c.WriteAt(dirty, Stamp{Token: 1}, data, 0, true); !errors.Is(err, ErrSuspect) {
 		t.Errorf("write of suspect: %v", err)
 	}
 	if _, _, err := c.Checksum(dirty); !errors.Is(err, ErrSuspect) {
@@ -124,7 +124,7 @@ func TestClearSuspectAndRemove(t *testing.T) {
 	defer s.Close()
 	a, b, lost := object.Make(3, 0), object.Make(3, 1), object.Make(3, 2)
 	for _, id := range []object.ID{a, b, lost} {
-		if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: 0}, []byte("x"), 0, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,7 +150,7 @@ func TestClearSuspectAndRemove(t *testing.T) {
 	if _, err := c.ReadAt(a, make([]byte, 1), 0); err != nil {
 		t.Fatalf("read after ClearSuspect: %v", err)
 	}
-	if err := c.Remove(b, 0); err != nil {
+	if err := c.Remove(b, Stamp{Token: 0}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Stat(b); !errors.Is(err, ErrNotFound) {
@@ -171,7 +171,7 @@ func TestHostileFiles(t *testing.T) {
 	s := openT(t, dir, Options{})
 	ids := []object.ID{object.Make(1, 0), object.Make(1, 1), object.Make(1, 2), object.Make(1, 3)}
 	for _, id := range ids {
-		if _, err := s.WriteAt(id, 0, []byte("data"), 0, true); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: 0}, []byte("data"), 0, true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -223,10 +223,10 @@ func TestFlushDuringRead(t *testing.T) {
 	s := openT(t, dir, Options{})
 	defer s.Close()
 	id := object.Make(1, 0)
-	if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); err != nil {
+	if _, err := s.WriteAt(id, Stamp{Token: 0}, []byte("x"), 0, false); err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.begin(s.obj(id), false, false) // a read in progress
+	a, err := s.begin(s.obj(id), forRead, 0) // a read in progress
 	if err != nil {
 		t.Fatal(err)
 	}
