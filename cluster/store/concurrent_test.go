@@ -233,7 +233,7 @@ func TestConcurrentChaos(t *testing.T) {
 			for i := range 150 {
 				id := ids[(g+i)%len(ids)]
 				var err error
-				switch (g*7 + i) % 11 {
+				switch (g*7 + i) % 14 {
 				case 0, 1:
 					_, err = s.WriteAt(id, Stamp{Token: 1}, bytes.Repeat([]byte{byte(i)}, 5000), int64(i*100), i%2 == 0)
 				case 2:
@@ -254,8 +254,14 @@ func TestConcurrentChaos(t *testing.T) {
 					_, err = s.List(0)
 				case 10:
 					err = s.Flush(id.VDI())
+				case 11:
+					err = s.PutTombstone(id, uint64(i))
+				case 12:
+					err = s.Forget(id, uint64(i))
+				case 13:
+					_, err = s.ReadSuspect(id, make([]byte, 100), 4000)
 				}
-				if err != nil && !errors.Is(err, ErrNotFound) {
+				if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotNewer) {
 					t.Error(err)
 					return
 				}
@@ -280,7 +286,7 @@ func TestConcurrentChaos(t *testing.T) {
 		t.Fatalf("after reopen %d objects, before %d", len(got), len(want))
 	}
 	for i := range got {
-		if got[i].ID != want[i].ID || got[i].Version != want[i].Version || got[i].Suspect {
+		if got[i].ID != want[i].ID || got[i].Version != want[i].Version || got[i].Tombstone != want[i].Tombstone || got[i].Suspect {
 			t.Errorf("after reopen %+v, before %+v", got[i], want[i])
 		}
 	}

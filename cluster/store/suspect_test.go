@@ -72,8 +72,11 @@ func TestSuspect(t *testing.T) {
 			t.Errorf("object %s: %+v %v, want suspect %v", id, info, err, suspect)
 		}
 	}
-	if _, err := c.Stat(removed); !errors.Is(err, ErrNotFound) {
-		t.Errorf("removed object: %v", err)
+	if info, err := c.Stat(removed); err != nil || !info.Tombstone || info.Suspect || info.Version != 2 {
+		t.Errorf("removed object: %+v %v, want a tombstone at version 2", info, err)
+	}
+	if _, err := c.ReadAt(removed, make([]byte, 10), 0); !errors.Is(err, ErrNotFound) {
+		t.Errorf("read of a tombstone: %v", err)
 	}
 	if info, _ := c.Stat(putAfter); info.Version != 42 {
 		t.Errorf("put object has version %d, want 42", info.Version)
@@ -87,8 +90,17 @@ func TestSuspect(t *testing.T) {
 	if _, _, err := c.Checksum(dirty); !errors.Is(err, ErrSuspect) {
 		t.Errorf("checksum of suspect: %v", err)
 	}
+	// Last-resort recovery reads the suspect's bytes, with the version
+	// its header has: the Flush's, older than the unflushed write's.
+	got := make([]byte, 25000)
+	if v, err := c.ReadSuspect(dirty, got, 0); err != nil || v != 1 || !bytes.Equal(got[20000:], data) || !bytes.Equal(got[10:5010], data) {
+		t.Errorf("ReadSuspect of suspect: v%d %v, want v1 and both writes' bytes", v, err)
+	}
+	if v, err := c.ReadSuspect(removed, got, 0); !errors.Is(err, ErrNotFound) || v != 2 {
+		t.Errorf("ReadSuspect of a tombstone: v%d %v, want ErrNotFound and v2", v, err)
+	}
 	infos, err := c.List(0)
-	if err != nil || len(infos) != 5 {
+	if err != nil || len(infos) != 6 {
 		t.Fatalf("List: %+v %v", infos, err)
 	}
 
@@ -112,7 +124,7 @@ func TestSuspect(t *testing.T) {
 	if info, err := c.Stat(dirty); err != nil || info.Suspect || info.Version != 9 {
 		t.Fatalf("after Put and a crash: %+v %v", info, err)
 	}
-	got := make([]byte, len(data))
+	got = make([]byte, len(data))
 	if _, err := c.ReadAt(dirty, got, 0); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("after Put: %v", err)
 	}
@@ -153,8 +165,10 @@ func TestClearSuspectAndRemove(t *testing.T) {
 	if err := c.Remove(b, Stamp{Token: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Stat(b); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("stat after Remove of a suspect: %v", err)
+	// b's header still had the version of its creation (0): its plain
+	// write was never flushed, so the tombstone comes one after that.
+	if info, err := c.Stat(b); err != nil || info.Suspect || !info.Tombstone || info.Version != 1 {
+		t.Fatalf("stat after Remove of a suspect: %+v %v, want a tombstone at v1", info, err)
 	}
 	if err := c.Put(lost, 5, nil); err != nil {
 		t.Fatal(err)
