@@ -480,8 +480,8 @@ type Usage struct {
 	Objects    int   // copies with data, suspect ones included
 	Tombstones int   // removed objects not yet forgotten
 	Allocated  int64 // bytes the files of Objects take
-	Free      int64 // bytes free on the file system for the store
-	Reserve   int64 // Options.Reserve
+	Free       int64 // bytes free on the file system for the store
+	Reserve    int64 // Options.Reserve
 }
 
 // Usage counts the objects and the space they take.

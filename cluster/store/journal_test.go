@@ -20,7 +20,7 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 	defer s.Close()
 	for i := range 300 {
 		id := object.Make(1, uint32(i%7))
-		if _, err := s.WriteAt(id, Stamp{Token: uint64(i/50)}, []byte{byte(i)}, int64(i), false); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: uint64(i / 50)}, []byte{byte(i)}, int64(i), false); err != nil {
 			t.Fatal(err)
 		}
 		if i%3 == 0 {
