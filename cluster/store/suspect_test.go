@@ -254,3 +254,42 @@ func TestFlushDuringRead(t *testing.T) {
 		t.Fatalf("flushed object read during the Flush: %+v %v", info, err)
 	}
 }
+
+// A tombstone being recreated by a plain write when the node crashed is
+// suspect, and its header still says removed; declared good, it is a
+// tombstone, and the write that recreates it next must not expose the
+// bytes of the write lost in the crash.
+func TestTombstoneRecreatedAfterCrash(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	id := object.Make(1, 0)
+	if _, err := s.WriteAt(id, Stamp{Epoch: 2}, []byte("live"), 0, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(id, Stamp{Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.WriteAt(id, Stamp{Epoch: 2}, []byte("lost"), 0, false)
+	if err != nil || v != Version(2, 3) {
+		t.Fatalf("write over the tombstone: v%#x %v, want %#x", v, err, Version(2, 3))
+	}
+	c := openT(t, snapshot(t, dir), Options{})
+	defer c.Close()
+	if info, err := c.Stat(id); err != nil || !info.Suspect || !info.Tombstone || info.Version != Version(2, 2) {
+		t.Fatalf("after the crash: %+v %v, want a suspect tombstone at %#x", info, err, Version(2, 2))
+	}
+	if err := c.ClearSuspect(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadAt(id, make([]byte, 4), 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("read of the tombstone: %v", err)
+	}
+	if v, err := c.WriteAt(id, Stamp{Epoch: 3}, []byte("new"), 100, true); err != nil || v != Version(3, 1) {
+		t.Fatalf("recreate: v%#x %v", v, err)
+	}
+	p := make([]byte, 4)
+	if _, err := c.ReadAt(id, p, 0); err != nil || !bytes.Equal(p, make([]byte, 4)) {
+		t.Fatalf("recreated object reads %q at 0 (%v), want zeros", p, err)
+	}
+}

@@ -1,8 +1,14 @@
 package store
 
 import (
+	"encoding/binary"
+	"hash/crc32"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
+
+	"github.com/ovis-storage/ovis/cluster/object"
 )
 
 func TestVersion(t *testing.T) {
@@ -37,5 +43,43 @@ func TestVersion(t *testing.T) {
 	}
 	if v := Version(7, 9); VersionEpoch(v) != 7 || VersionCount(v) != 9 {
 		t.Fatalf("Version(7, 9) = %#x splits into %d, %d", v, VersionEpoch(v), VersionCount(v))
+	}
+}
+
+// A file written before versions carried epochs (format 1, flags 0, a
+// plain counter) opens with a version of epoch 0, and its next write
+// goes on from it, or jumps to its epoch.
+func TestFormat1Versions(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	id := object.Make(4, 2)
+	if _, err := s.WriteAt(object.Make(4, 0), Stamp{}, []byte("x"), 0, true); err != nil { // makes the VDI's directory
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The header as the first release wrote it, byte by byte.
+	b := make([]byte, HeaderSize+3)
+	copy(b, "OVISOBJ\x00")
+	binary.LittleEndian.PutUint32(b[8:], 1)
+	binary.LittleEndian.PutUint64(b[16:], uint64(id))
+	binary.LittleEndian.PutUint64(b[24:], 17)
+	binary.LittleEndian.PutUint32(b[32:], crc32.Checksum(b[:32], crc32.MakeTable(crc32.Castagnoli)))
+	copy(b[HeaderSize:], "old")
+	if err := os.WriteFile(filepath.Join(dir, "objects", "00000004", "00000002"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s = openT(t, dir, Options{})
+	defer s.Close()
+	p := make([]byte, 3)
+	if v, err := s.ReadAt(id, p, 0); err != nil || v != 17 || VersionEpoch(v) != 0 || string(p) != "old" {
+		t.Fatalf("format-1 copy: v%#x %q %v, want v17 of epoch 0", v, p, err)
+	}
+	if v, err := s.WriteAt(id, Stamp{}, []byte("a"), 0, true); err != nil || v != 18 {
+		t.Fatalf("write at epoch 0: v%#x %v, want 18", v, err)
+	}
+	if v, err := s.WriteAt(id, Stamp{Epoch: 3}, []byte("b"), 0, false); err != nil || v != Version(3, 1) {
+		t.Fatalf("write at epoch 3: v%#x %v, want %#x", v, err, Version(3, 1))
 	}
 }
