@@ -171,10 +171,6 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 	case protocol.OpStat:
 		var info store.Info
 		info, err = st.Stat(req.Object)
-		if err == nil && info.Tombstone {
-			// The protocol has no tombstones yet: a removed object is missing.
-			err = fmt.Errorf("store: object %s: removed: %w", req.Object, store.ErrNotFound)
-		}
 		if err == nil {
 			ver = info.Version
 			resp.Payload = protocol.AppendObjectInfos(resp.Payload[:0], []protocol.ObjectInfo{infoOf(info)})
@@ -191,6 +187,8 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 			}
 			var out []protocol.ObjectInfo
 			for _, in := range infos {
+				// Check and a deleted VDI's clean-up take a removed object
+				// as missing; recovery lists through OpListFor and OpStat.
 				if uint64(in.ID) >= req.Offset && len(out) < limit && !in.Tombstone {
 					out = append(out, infoOf(in))
 				}

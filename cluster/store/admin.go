@@ -227,6 +227,49 @@ func (s *Store) Forget(id object.ID, version uint64) error {
 	return s.forgetWait(o, seq)
 }
 
+// Drop deletes this node's copy of id outright, leaving no tombstone:
+// recovery calls it for a copy the node no longer holds, once the new
+// holders have it. It deletes a live copy or a tombstone whose version is
+// at most version, and any suspect copy (its version says nothing); it
+// does nothing (nil) for a newer copy, whose write raced the decision,
+// or for none. The directory is synced before the journal forgets the
+// copy, so that a crash never brings back as good a copy it had marked.
+func (s *Store) Drop(id object.ID, version uint64) error {
+	if err := checkRange(id, 0, 0); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	defer s.release(o)
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	o.mu.Lock()
+	ok := o.suspect || (o.exists && o.version <= version)
+	o.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	s.fds.drop(id)
+	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: object %s: drop: %w", id, err)
+	}
+	if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
+		if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+			return s.failed(o, fmt.Errorf("store: object %s: drop: %w", id, err))
+		}
+	}
+	o.mu.Lock()
+	o.exists, o.tomb, o.version, o.suspect = false, false, 0, false
+	o.hdrDone, o.hdrTomb = 0, false
+	o.syncedGen, o.createGen = o.dirtyGen, 0
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
 func writeObject(path string, id object.ID, version uint64, data []byte, removed bool) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
 	if err != nil {

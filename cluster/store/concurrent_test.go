@@ -233,7 +233,7 @@ func TestConcurrentChaos(t *testing.T) {
 			for i := range 150 {
 				id := ids[(g+i)%len(ids)]
 				var err error
-				switch (g*7 + i) % 14 {
+				switch (g*7 + i) % 15 {
 				case 0, 1:
 					_, err = s.WriteAt(id, Stamp{Token: 1}, bytes.Repeat([]byte{byte(i)}, 5000), int64(i*100), i%2 == 0)
 				case 2:
@@ -260,6 +260,8 @@ func TestConcurrentChaos(t *testing.T) {
 					err = s.Forget(id, uint64(i))
 				case 13:
 					_, err = s.ReadSuspect(id, make([]byte, 100), 4000)
+				case 14:
+					err = s.Drop(id, uint64(i))
 				}
 				if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotNewer) {
 					t.Error(err)

@@ -271,6 +271,19 @@ func TestModel(t *testing.T) {
 				}
 				m.objs[id] = &mobj{version: ver, tomb: true}
 			},
+			"drop": func(t *rapid.T) {
+				id := genID(t)
+				var ver uint64
+				if o := m.objs[id]; o != nil {
+					ver = o.version - uint64(rapid.IntRange(0, 1).Draw(t, "below"))
+				}
+				if err := s.Drop(id, ver); err != nil {
+					t.Fatal(err)
+				}
+				if o := m.objs[id]; o != nil && o.version <= ver {
+					delete(m.objs, id)
+				}
+			},
 			"forget": func(t *rapid.T) {
 				id := genID(t)
 				var ver uint64
