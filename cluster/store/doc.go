@@ -15,7 +15,7 @@
 //   - io.go: ReadAt, ReadSuspect, WriteAt, WriteZeroes, Discard, Extents
 //   - flush.go: Flush
 //   - admin.go: Remove, RemoveVDI, Put, PutTombstone, Replace, Forget,
-//     ClearSuspect, Checksum, Stat, List, Usage
+//     Drop, ClearSuspect, Checksum, Stat, List, Usage
 //   - header.go: the object file header
 //   - journal.go: the dirty journal, with group commit and compaction
 //   - fdcache.go: the LRU of open object files
@@ -49,8 +49,8 @@
 //     Stamp's epoch, the count saturating within an epoch (version.go
 //     says why); a version never goes down, not across a Remove either:
 //     the tombstone keeps it and a write recreating the object goes on
-//     from it. Only Forget, after which the object is gone, and
-//     RemoveVDI start an object again from nothing. The header gets the
+//     from it. Only Forget, Drop and RemoveVDI, after which the object
+//     is gone, start it again from nothing. The header gets the
 //     version before the fdatasync that makes the write durable (the
 //     sync write's own, or the Flush's). After a crash, an object that
 //     is not suspect has the version of its last write, or is the
@@ -69,12 +69,12 @@
 //  7. A tombstone reads, checksums and maps as a missing object does
 //     (ErrNotFound), and shows in Stat and List with Tombstone set and its
 //     version. It goes only by Forget (its version at most the one
-//     given), RemoveVDI, or a write that recreates the object.
+//     given), Drop, RemoveVDI, or a write that recreates the object.
 //
 // Token rule: every mutating call carries the writer's token in its
 // Stamp. Token 0 is accepted only while the VDI never saw another; a
 // higher token is recorded (as by Fence) before the call proceeds. Put,
-// Replace, PutTombstone and Forget carry no token: they are recovery's,
+// Replace, PutTombstone, Forget and Drop carry no token: they are recovery's,
 // and the node fences them by other means.
 //
 // Versions and tombstones: a version is epoch<<32 | count, so that the
@@ -95,5 +95,5 @@
 //
 // Not done here: placement, replication, repair decisions (the node's
 // recovery compares versions and checksums and calls Put, PutTombstone,
-// Replace, Forget), and any network or etcd access.
+// Replace, Forget, Drop), and any network or etcd access.
 package store
