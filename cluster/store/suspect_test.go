@@ -293,3 +293,52 @@ func TestTombstoneRecreatedAfterCrash(t *testing.T) {
 		t.Fatalf("recreated object reads %q at 0 (%v), want zeros", p, err)
 	}
 }
+
+// A suspect copy is replaced by Put whatever the versions (its header's
+// says nothing of its bytes), and dropped by Drop; once repaired, an
+// equal version is not newer.
+func TestPutAndDropOverSuspect(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "s")
+	s := openT(t, dir, Options{})
+	defer s.Close()
+	a, b := object.Make(1, 0), object.Make(1, 1)
+	for _, id := range []object.ID{a, b} {
+		for i := range 3 {
+			if _, err := s.WriteAt(id, Stamp{Epoch: 4}, []byte{byte(i + 1)}, int64(i), false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c := openT(t, snapshot(t, dir), Options{})
+	defer c.Close()
+	for _, id := range []object.ID{a, b} {
+		if info, err := c.Stat(id); err != nil || !info.Suspect {
+			t.Fatalf("%s after the crash: %+v %v, want suspect", id, info, err)
+		}
+	}
+	if err := c.Put(a, Version(3, 1), []byte("old")); err != nil {
+		t.Fatalf("Put of an older version over a suspect: %v", err)
+	}
+	if err := c.Put(a, Version(3, 1), []byte("again")); !errors.Is(err, ErrNotNewer) {
+		t.Fatalf("Put of an equal version over a good copy: %v, want ErrNotNewer", err)
+	}
+	if err := c.PutTombstone(a, Version(3, 1)); !errors.Is(err, ErrNotNewer) {
+		t.Fatalf("PutTombstone of an equal version: %v, want ErrNotNewer", err)
+	}
+	p := make([]byte, 5)
+	if v, err := c.ReadAt(a, p, 0); err != nil || v != Version(3, 1) || string(p) != "old\x00\x00" {
+		t.Fatalf("after Put: v%#x %q %v", v, p, err)
+	}
+	if err := c.Drop(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stat(b); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Stat after Drop of a suspect: %v, want ErrNotFound", err)
+	}
+	if err := c.Drop(a, Version(3, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Stat(a); err != nil {
+		t.Fatalf("Drop below the copy's version deleted it: %v", err)
+	}
+}
