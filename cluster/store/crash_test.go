@@ -322,6 +322,24 @@ func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, .
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		logs := []string{"log"}
+		if parallel {
+			logs = []string{"log-1", "log-2"}
+		}
+		// The kill's moment counts from the first acknowledged operation
+		// of every worker, so that a slow start on a loaded machine does
+		// not leave a worker with no log at all.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			acked := 0
+			for _, l := range logs {
+				if b, err := os.ReadFile(filepath.Join(dir, l)); err == nil && bytes.Contains(b, []byte("\nack\n")) {
+					acked++
+				}
+			}
+			if acked == len(logs) {
+				break
+			}
+		}
 		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		err := cmd.Wait()
@@ -332,10 +350,6 @@ func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, .
 		st, err := Open(filepath.Join(dir, "store"), Options{})
 		if err != nil {
 			t.Fatalf("seed %d: reopen: %v", seed, err)
-		}
-		logs := []string{"log"}
-		if parallel {
-			logs = []string{"log-1", "log-2"}
 		}
 		for _, l := range logs {
 			s, c, i, tb := checkCrash(t, st, filepath.Join(dir, l), seed, errorf)
