@@ -62,7 +62,7 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, id := range reps {
-			if _, err := stores[id].WriteAt(o, 1, []byte{b, b, b}, 100, false); err != nil {
+			if _, err := stores[id].WriteAt(o, store.Stamp{Token: 1}, []byte{b, b, b}, 100, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -97,16 +97,16 @@ func TestCheck(t *testing.T) {
 
 	// A copy that differs, a missing copy, an extra copy, an orphan.
 	reps, _ := v.Map.Place(object.Make(1, 0), 2, nil)
-	stores[reps[0]].WriteAt(object.Make(1, 0), 1, []byte{9}, 100, false)
+	stores[reps[0]].WriteAt(object.Make(1, 0), store.Stamp{Token: 1}, []byte{9}, 100, false)
 	reps, _ = v.Map.Place(object.Make(2, 1), 3, nil)
-	stores[reps[2]].Remove(object.Make(2, 1), 1)
+	stores[reps[2]].Remove(object.Make(2, 1), store.Stamp{Token: 1})
 	reps, _ = v.Map.Place(object.Make(1, 2), 2, nil)
 	for _, n := range nodes {
 		if n.ID != reps[0] && n.ID != reps[1] {
-			stores[n.ID].WriteAt(object.Make(1, 2), 1, []byte{2, 2, 2}, 100, false)
+			stores[n.ID].WriteAt(object.Make(1, 2), store.Stamp{Token: 1}, []byte{2, 2, 2}, 100, false)
 		}
 	}
-	stores["n0"].WriteAt(object.Make(3, 0), 1, []byte{1}, 0, false)
+	stores["n0"].WriteAt(object.Make(3, 0), store.Stamp{Token: 1}, []byte{1}, 0, false)
 	r, err = Check(ctx, hs, v, vdis, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -157,13 +157,13 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 		ver, err = st.ReadAt(req.Object, buf, int64(req.Offset))
 		resp.Payload = buf
 	case protocol.OpWrite:
-		ver, err = st.WriteAt(req.Object, req.Token, req.Payload, int64(req.Offset), sync)
+		ver, err = st.WriteAt(req.Object, store.Stamp{Token: req.Token, Epoch: req.Epoch}, req.Payload, int64(req.Offset), sync)
 	case protocol.OpWriteZeroes:
-		ver, err = st.WriteZeroes(req.Object, req.Token, int64(req.Offset), int64(req.Length), req.Flags&protocol.FlagNoUnmap != 0, sync)
+		ver, err = st.WriteZeroes(req.Object, store.Stamp{Token: req.Token, Epoch: req.Epoch}, int64(req.Offset), int64(req.Length), req.Flags&protocol.FlagNoUnmap != 0, sync)
 	case protocol.OpDiscard:
-		ver, err = st.Discard(req.Object, req.Token, int64(req.Offset), int64(req.Length), sync)
+		ver, err = st.Discard(req.Object, store.Stamp{Token: req.Token, Epoch: req.Epoch}, int64(req.Offset), int64(req.Length), sync)
 	case protocol.OpRemove:
-		err = st.Remove(req.Object, req.Token)
+		err = st.Remove(req.Object, store.Stamp{Token: req.Token, Epoch: req.Epoch})
 	case protocol.OpFlush:
 		err = st.Flush(req.Object.VDI())
 	case protocol.OpFence:
@@ -187,7 +187,9 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 			}
 			var out []protocol.ObjectInfo
 			for _, in := range infos {
-				if uint64(in.ID) >= req.Offset && len(out) < limit {
+				// Check and a deleted VDI's clean-up take a removed object
+				// as missing; recovery lists through OpListFor and OpStat.
+				if uint64(in.ID) >= req.Offset && len(out) < limit && !in.Tombstone {
 					out = append(out, infoOf(in))
 				}
 			}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"errors"
-	"fmt"
 
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -13,24 +12,37 @@ import (
 
 func isNotFound(err error) bool { return errors.Is(err, membership.ErrNoVDI) }
 
-func infoTombstone(in store.Info) bool { return false }
+func infoTombstone(in store.Info) bool { return in.Tombstone }
 
 // putIfNewer installs a copy unless the local one is already at least
 // as new.
 func putIfNewer(st *store.Store, id object.ID, version uint64, data []byte) error {
-	if in, err := st.Stat(id); err == nil && !in.Suspect && in.Version >= version {
+	if err := st.Put(id, version, data); err != nil && !errors.Is(err, store.ErrNotNewer) {
+		return err
+	}
+	return nil
+}
+
+// putTombstone makes the local copy a tombstone at version unless it is
+// already at least as new.
+func putTombstone(st *store.Store, id object.ID, version uint64) error {
+	if err := st.PutTombstone(id, version); err != nil && !errors.Is(err, store.ErrNotNewer) {
+		return err
+	}
+	return nil
+}
+
+// dropCopy deletes a copy this node no longer holds for anyone, without
+// a tombstone; a write that reached it since it was listed keeps it.
+func dropCopy(st *store.Store, id object.ID) error {
+	in, err := st.Stat(id)
+	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
-	return st.Put(id, version, data)
-}
-
-func putTombstone(st *store.Store, id object.ID, version uint64) error {
-	return fmt.Errorf("object %s: tombstones are not kept by this store yet", id)
-}
-
-// dropCopy deletes a copy this node no longer holds for anyone.
-func dropCopy(st *store.Store, id object.ID) error {
-	return st.Remove(id, st.Token(id.VDI()))
+	if err != nil {
+		return err
+	}
+	return st.Drop(id, in.Version)
 }
 
 // replaceCopy installs a copy whatever the local one's version (check

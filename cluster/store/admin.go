@@ -64,11 +64,21 @@ func (s *Store) forgetWait(o *obj, seq uint64) error {
 	return nil
 }
 
-// Remove deletes object id, durably (the directory is synced). Removing
-// an object that does not exist succeeds; removing a suspect copy clears
-// its suspicion. It returns ErrStaleToken.
-func (s *Store) Remove(id object.ID, token uint64) error {
+// Remove makes object id a tombstone, durably: a header-only file that
+// says "removed" at the object's next version, written aside, synced
+// and renamed over the copy like Put's, so that a crash leaves the old
+// copy or the tombstone. A tombstone reads as a missing object, and a
+// later write recreates the object with a version above the tombstone's,
+// so that recovery can tell the delete from a stale copy on a node that
+// missed it (see Forget for their end). Removing an object that does not
+// exist leaves a tombstone too; removing a suspect copy clears its
+// suspicion. It returns ErrStaleToken, ErrRange (also for st.Epoch
+// above MaxEpoch).
+func (s *Store) Remove(id object.ID, st Stamp) error {
 	if err := checkRange(id, 0, 0); err != nil {
+		return err
+	}
+	if err := checkEpoch(fmt.Sprintf("object %s: remove", id), st); err != nil {
 		return err
 	}
 	if err := s.enter(); err != nil {
@@ -77,40 +87,54 @@ func (s *Store) Remove(id object.ID, token uint64) error {
 	defer s.ops.Done()
 	o := s.obj(id)
 	defer s.release(o)
-	if err := s.admit(o.v, token); err != nil {
+	if err := s.admit(o.v, st.Token); err != nil {
 		return err
 	}
-	defer o.v.done(token)
+	defer o.v.done(st.Token)
+	if err := s.ensureVDIDir(o.v); err != nil {
+		return err
+	}
 	s.takeExcl(o)
 	defer s.dropExcl(o)
-	s.fds.drop(id)
-	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return s.failed(o, fmt.Errorf("store: object %s: remove: %w", id, err))
-	}
-	if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
-		if err := syncDir(s.vdiDir(o.v.id)); err != nil {
-			return s.failed(o, fmt.Errorf("store: object %s: remove: %w", id, err))
-		}
-	}
 	o.mu.Lock()
-	o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
-	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
-	seq := s.forgetLocked(o)
+	ver := nextVersion(o.version, st.Epoch)
 	o.mu.Unlock()
-	return s.forgetWait(o, seq)
+	return s.install(o, "remove", ver, nil, true)
 }
 
 // Put replaces object id with data at version, atomically and durably
 // (a file written and synced aside, renamed over the old one, directory
-// synced), and clears its suspicion. It is recovery's call: it carries
-// no token and is not fenced. Trailing zeros of data are not stored, and
-// 4 KiB blocks of zeros are left as holes.
+// synced), and clears its suspicion, but only when this node's copy is
+// missing, suspect, or older than version (live or a tombstone);
+// otherwise it returns ErrNotNewer and changes nothing. The check and
+// the replacement hold the object against every other call, so a write
+// racing with Put is ordered before or after it. It is recovery's call:
+// it carries no token and is not fenced. Trailing zeros of data are not
+// stored, and 4 KiB blocks of zeros are left as holes.
 func (s *Store) Put(id object.ID, version uint64, data []byte) error {
+	return s.put(id, "put", version, data, false, true)
+}
+
+// PutTombstone makes this node's copy of id a tombstone at version, as
+// a Remove would have, on the same condition as Put (ErrNotNewer
+// otherwise): recovery propagating a delete to a node that missed it.
+func (s *Store) PutTombstone(id object.ID, version uint64) error {
+	return s.put(id, "put tombstone", version, nil, true, true)
+}
+
+// Replace is Put without the condition: it replaces whatever copy this
+// node holds, even one with a higher version. It is for check --repair,
+// which makes copies of equal versions but different bytes identical.
+func (s *Store) Replace(id object.ID, version uint64, data []byte) error {
+	return s.put(id, "replace", version, data, false, false)
+}
+
+func (s *Store) put(id object.ID, what string, version uint64, data []byte, tomb, cond bool) error {
 	if err := checkRange(id, 0, int64(len(data))); err != nil {
 		return err
 	}
 	if len(data) > MaxObjectSize {
-		return fmt.Errorf("store: object %s: put of %d bytes: %w", id, len(data), ErrRange)
+		return fmt.Errorf("store: object %s: %s of %d bytes: %w", id, what, len(data), ErrRange)
 	}
 	if err := s.enter(); err != nil {
 		return err
@@ -123,35 +147,137 @@ func (s *Store) Put(id object.ID, version uint64, data []byte) error {
 	}
 	s.takeExcl(o)
 	defer s.dropExcl(o)
+	if cond {
+		o.mu.Lock()
+		older := o.suspect || !o.exists || o.version < version
+		held, heldTomb := o.version, o.tomb
+		o.mu.Unlock()
+		if !older {
+			kind := "copy"
+			if heldTomb {
+				kind = "tombstone"
+			}
+			return fmt.Errorf("store: object %s: %s at version %#x: this node holds a %s at %#x: %w", id, what, version, kind, held, ErrNotNewer)
+		}
+	}
+	return s.install(o, what, version, data, tomb)
+}
+
+// install writes o's new copy (or tombstone) aside, syncs it, renames it
+// over o's file, syncs the directory and clears o's journal record. The
+// caller holds excl.
+func (s *Store) install(o *obj, what string, version uint64, data []byte, tomb bool) error {
+	id := o.id
 	tmp := filepath.Join(s.tmpDir, id.String())
-	if err := writeObject(tmp, id, version, data); err != nil {
+	if err := writeObject(tmp, id, version, data, tomb); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("store: object %s: put: %w", id, noSpace(err))
+		return fmt.Errorf("store: object %s: %s: %w", id, what, noSpace(err))
 	}
 	s.fds.drop(id)
 	if err := os.Rename(tmp, o.path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("store: object %s: put: %w", id, err)
+		return fmt.Errorf("store: object %s: %s: %w", id, what, err)
 	}
 	if err := syncDir(s.vdiDir(o.v.id)); err != nil {
-		return s.failed(o, fmt.Errorf("store: object %s: put: %w", id, err))
+		return s.failed(o, fmt.Errorf("store: object %s: %s: %w", id, what, err))
 	}
 	o.mu.Lock()
-	o.exists, o.version, o.hdrDone, o.suspect = true, version, version, false
+	o.exists, o.tomb, o.version, o.suspect = true, tomb, version, false
+	o.hdrDone, o.hdrTomb = version, tomb
 	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
 }
 
-func writeObject(path string, id object.ID, version uint64, data []byte) error {
+// Forget deletes the tombstone of id when its version is at most
+// version: recovery calls it once every node has seen the delete, so
+// that tombstones do not last for good. It does nothing (and returns
+// nil) when the copy is missing, live, suspect, or a newer tombstone.
+// The unlink is not synced: a crash may bring the tombstone back, which
+// is harmless, and a later Forget deletes it again.
+func (s *Store) Forget(id object.ID, version uint64) error {
+	if err := checkRange(id, 0, 0); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	defer s.release(o)
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	o.mu.Lock()
+	ok := o.exists && o.tomb && !o.suspect && o.version <= version
+	o.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	s.fds.drop(id)
+	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: object %s: forget: %w", id, err)
+	}
+	o.mu.Lock()
+	o.exists, o.tomb, o.version = false, false, 0
+	o.hdrDone, o.hdrTomb = 0, false
+	o.syncedGen, o.createGen = o.dirtyGen, 0
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
+// Drop deletes this node's copy of id outright, leaving no tombstone:
+// recovery calls it for a copy the node no longer holds, once the new
+// holders have it. It deletes a live copy or a tombstone whose version is
+// at most version, and any suspect copy (its version says nothing); it
+// does nothing (nil) for a newer copy, whose write raced the decision,
+// or for none. The directory is synced before the journal forgets the
+// copy, so that a crash never brings back as good a copy it had marked.
+func (s *Store) Drop(id object.ID, version uint64) error {
+	if err := checkRange(id, 0, 0); err != nil {
+		return err
+	}
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
+	o := s.obj(id)
+	defer s.release(o)
+	s.takeExcl(o)
+	defer s.dropExcl(o)
+	o.mu.Lock()
+	ok := o.suspect || (o.exists && o.version <= version)
+	o.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	s.fds.drop(id)
+	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("store: object %s: drop: %w", id, err)
+	}
+	if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
+		if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+			return s.failed(o, fmt.Errorf("store: object %s: drop: %w", id, err))
+		}
+	}
+	o.mu.Lock()
+	o.exists, o.tomb, o.version, o.suspect = false, false, 0, false
+	o.hdrDone, o.hdrTomb = 0, false
+	o.syncedGen, o.createGen = o.dirtyGen, 0
+	seq := s.forgetLocked(o)
+	o.mu.Unlock()
+	return s.forgetWait(o, seq)
+}
+
+func writeObject(path string, id object.ID, version uint64, data []byte, removed bool) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	var h [headerLen]byte
-	header{id: id, version: version}.encode(h[:])
+	header{id: id, version: version, removed: removed}.encode(h[:])
 	if _, err := unix.Pwrite(fd, h[:], 0); err != nil {
 		return err
 	}
@@ -242,7 +368,8 @@ func (s *Store) ClearSuspect(id object.ID) error {
 
 // Checksum returns the CRC32C of object id's content with its trailing
 // zeros trimmed, so that equal content gives equal checksums whatever
-// the holes, and the object's version.
+// the holes, and the object's version. It returns ErrNotFound for a
+// missing object or a tombstone, ErrSuspect for a suspect copy.
 func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 	if err := s.enter(); err != nil {
 		return 0, 0, err
@@ -250,7 +377,7 @@ func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 	defer s.ops.Done()
 	o := s.obj(id)
 	defer s.release(o)
-	a, err := s.begin(o, false, false)
+	a, err := s.begin(o, forRead, 0)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -292,10 +419,13 @@ type Info struct {
 	// Suspect says the copy needs repair; a suspect object may have no
 	// file (its creation was lost in a crash).
 	Suspect bool
+	// Tombstone says the object was removed at Version: it reads as
+	// missing, and recovery must not bring an older copy back.
+	Tombstone bool
 }
 
 // Stat describes object id. It returns ErrNotFound when the object
-// neither exists nor is a suspect copy.
+// neither exists (as data or a tombstone) nor is a suspect copy.
 func (s *Store) Stat(id object.ID) (Info, error) {
 	if err := s.enter(); err != nil {
 		return Info{}, err
@@ -305,7 +435,7 @@ func (s *Store) Stat(id object.ID) (Info, error) {
 	defer s.release(o)
 	o.mu.Lock()
 	s.loadLocked(o)
-	info := Info{ID: id, Version: o.version, Suspect: o.suspect}
+	info := Info{ID: id, Version: o.version, Suspect: o.suspect, Tombstone: o.exists && o.tomb}
 	exists := o.exists
 	o.mu.Unlock()
 	if !exists && !info.Suspect {
@@ -318,7 +448,8 @@ func (s *Store) Stat(id object.ID) (Info, error) {
 	return info, nil
 }
 
-// List describes every object of vdi (0: of every VDI), sorted by ID.
+// List describes every object of vdi (0: of every VDI), tombstones and
+// suspect copies included, sorted by ID.
 func (s *Store) List(vdi object.VDI) ([]Info, error) {
 	if err := s.enter(); err != nil {
 		return nil, err
@@ -389,10 +520,11 @@ func (s *Store) listIDs(vdi object.VDI) ([]object.ID, error) {
 
 // Usage is a store's space account.
 type Usage struct {
-	Objects   int
-	Allocated int64 // bytes the object files take
-	Free      int64 // bytes free on the file system for the store
-	Reserve   int64 // Options.Reserve
+	Objects    int   // copies with data, suspect ones included
+	Tombstones int   // removed objects not yet forgotten
+	Allocated  int64 // bytes the files of Objects take
+	Free       int64 // bytes free on the file system for the store
+	Reserve    int64 // Options.Reserve
 }
 
 // Usage counts the objects and the space they take.
@@ -401,8 +533,13 @@ func (s *Store) Usage() (Usage, error) {
 	if err != nil {
 		return Usage{}, err
 	}
-	u := Usage{Objects: len(infos), Reserve: s.opts.Reserve}
+	u := Usage{Reserve: s.opts.Reserve}
 	for _, in := range infos {
+		if in.Tombstone {
+			u.Tombstones++
+			continue
+		}
+		u.Objects++
 		u.Allocated += in.Allocated
 	}
 	var st unix.Statfs_t
@@ -415,7 +552,8 @@ func (s *Store) Usage() (Usage, error) {
 
 // RemoveVDI deletes every object of vdi, durably: the VDI's directory is
 // renamed into dir/tmp in one step (and both directories synced), then
-// deleted. Suspect copies of the VDI go too. Calls racing with it on the
+// deleted. Suspect copies and tombstones of the VDI go too (a deleted
+// VDI's tombstone is kept in etcd, not here). Calls racing with it on the
 // VDI's objects may fail; the caller stops writing a VDI before it
 // deletes it. It returns ErrStaleToken.
 func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
@@ -470,7 +608,7 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 	var seq uint64
 	for _, o := range objs {
 		o.mu.Lock()
-		o.exists, o.version, o.hdrDone, o.suspect = false, 0, 0, false
+		o.exists, o.tomb, o.version, o.hdrDone, o.hdrTomb, o.suspect = false, false, 0, 0, false, false
 		o.syncedGen, o.createGen = o.dirtyGen, 0
 		if q := s.forgetLocked(o); q > 0 {
 			seq = q

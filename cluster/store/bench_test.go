@@ -44,7 +44,7 @@ func benchWrite(b *testing.B, fs string, size int, sync bool) {
 		p[i] = byte(i*7 + 1)
 	}
 	for i := range objects {
-		if _, err := s.WriteAt(object.Make(1, uint32(i)), 1, make([]byte, objSize), 0, true); err != nil {
+		if _, err := s.WriteAt(object.Make(1, uint32(i)), Stamp{Token: 1}, make([]byte, objSize), 0, true); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -63,7 +63,7 @@ func benchWrite(b *testing.B, fs string, size int, sync bool) {
 			off = seq % objSize
 			seq += int64(size)
 		}
-		if _, err := s.WriteAt(id, 1, p, off, sync); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: 1}, p, off, sync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -88,7 +88,7 @@ func BenchmarkFlush(b *testing.B) {
 			r := rand.New(rand.NewPCG(1, 2))
 			for b.Loop() {
 				for range 64 {
-					if _, err := s.WriteAt(object.Make(1, uint32(r.IntN(16))), 1, p, r.Int64N(1024)*4096, false); err != nil {
+					if _, err := s.WriteAt(object.Make(1, uint32(r.IntN(16))), Stamp{Token: 1}, p, r.Int64N(1024)*4096, false); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -114,7 +114,7 @@ func BenchmarkSyncNewObjects(b *testing.B) {
 			defer s.Close()
 			p := make([]byte, 4096)
 			for i := 0; b.Loop(); i++ {
-				if _, err := s.WriteAt(object.Make(1, uint32(i)), 1, p, 0, true); err != nil {
+				if _, err := s.WriteAt(object.Make(1, uint32(i)), Stamp{Token: 1}, p, 0, true); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -129,7 +129,7 @@ func BenchmarkRead(b *testing.B) {
 	s := openT(b, dir, Options{})
 	defer s.Close()
 	for i := range 16 {
-		if _, err := s.WriteAt(object.Make(1, uint32(i)), 1, make([]byte, 4<<20), 0, false); err != nil {
+		if _, err := s.WriteAt(object.Make(1, uint32(i)), Stamp{Token: 1}, make([]byte, 4<<20), 0, false); err != nil {
 			b.Fatal(err)
 		}
 	}

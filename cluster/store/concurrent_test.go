@@ -26,7 +26,7 @@ func TestConcurrentDisjoint(t *testing.T) {
 			for r := range rounds {
 				for _, id := range ids {
 					p := bytes.Repeat([]byte{byte(w*rounds + r + 1)}, chunk)
-					if _, err := s.WriteAt(id, 1, p, int64(w*chunk), r%3 == 0); err != nil {
+					if _, err := s.WriteAt(id, Stamp{Token: 1}, p, int64(w*chunk), r%3 == 0); err != nil {
 						errc <- err
 						return
 					}
@@ -97,7 +97,7 @@ func TestFenceDrains(t *testing.T) {
 	for w := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
-				_, err := s.WriteAt(id, 3, bytes.Repeat([]byte{byte(w + i)}, 8192), int64(w)*8192, false)
+				_, err := s.WriteAt(id, Stamp{Token: 3}, bytes.Repeat([]byte{byte(w + i)}, 8192), int64(w)*8192, false)
 				once.Do(func() { close(started) })
 				if errors.Is(err, ErrStaleToken) {
 					return
@@ -129,10 +129,10 @@ func TestFenceDrains(t *testing.T) {
 		t.Fatalf("Fence lower: %v", err)
 	}
 	for _, call := range []func() error{
-		func() error { _, err := s.WriteAt(id, 3, []byte{1}, 0, true); return err },
-		func() error { _, err := s.WriteZeroes(id, 0, 0, 1, true, false); return err },
-		func() error { _, err := s.Discard(id, 2, 0, 1, false); return err },
-		func() error { return s.Remove(id, 1) },
+		func() error { _, err := s.WriteAt(id, Stamp{Token: 3}, []byte{1}, 0, true); return err },
+		func() error { _, err := s.WriteZeroes(id, Stamp{Token: 0}, 0, 1, true, false); return err },
+		func() error { _, err := s.Discard(id, Stamp{Token: 2}, 0, 1, false); return err },
+		func() error { return s.Remove(id, Stamp{Token: 1}) },
 	} {
 		if err := call(); !errors.Is(err, ErrStaleToken) {
 			t.Errorf("stale call: %v", err)
@@ -156,7 +156,7 @@ func TestFenceWaitsForAdmitted(t *testing.T) {
 	defer func() { testHookAdmitted = nil }()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if _, err := s.WriteAt(id, 1, []byte("old"), 0, false); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: 1}, []byte("old"), 0, false); err != nil {
 			t.Error(err)
 		}
 	})
@@ -187,13 +187,13 @@ func TestChecksumIgnoresHoles(t *testing.T) {
 	if err := s.Put(a, 1, data); err != nil { // zeros left as holes
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(b, 0, data, 0, false); err != nil { // zeros written
+	if _, err := s.WriteAt(b, Stamp{Token: 0}, data, 0, false); err != nil { // zeros written
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(b, 0, make([]byte, 1<<20), 4<<20, false); err != nil { // trailing zeros
+	if _, err := s.WriteAt(b, Stamp{Token: 0}, make([]byte, 1<<20), 4<<20, false); err != nil { // trailing zeros
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(c, 0, data[:2<<20+8], 0, false); err != nil {
+	if _, err := s.WriteAt(c, Stamp{Token: 0}, data[:2<<20+8], 0, false); err != nil {
 		t.Fatal(err)
 	}
 	ca, _, err := s.Checksum(a)
@@ -208,7 +208,7 @@ func TestChecksumIgnoresHoles(t *testing.T) {
 			t.Errorf("object %s checksum %#x, want %#x (%v)", id, cx, ca, err)
 		}
 	}
-	if _, err := s.WriteAt(c, 0, []byte{3}, 1<<20, false); err != nil {
+	if _, err := s.WriteAt(c, Stamp{Token: 0}, []byte{3}, 1<<20, false); err != nil {
 		t.Fatal(err)
 	}
 	if cx, _, _ := s.Checksum(c); cx == ca {
@@ -233,13 +233,13 @@ func TestConcurrentChaos(t *testing.T) {
 			for i := range 150 {
 				id := ids[(g+i)%len(ids)]
 				var err error
-				switch (g*7 + i) % 11 {
+				switch (g*7 + i) % 15 {
 				case 0, 1:
-					_, err = s.WriteAt(id, 1, bytes.Repeat([]byte{byte(i)}, 5000), int64(i*100), i%2 == 0)
+					_, err = s.WriteAt(id, Stamp{Token: 1}, bytes.Repeat([]byte{byte(i)}, 5000), int64(i*100), i%2 == 0)
 				case 2:
-					_, err = s.WriteZeroes(id, 1, int64(i*10), 9000, i%2 == 0, i%3 == 0)
+					_, err = s.WriteZeroes(id, Stamp{Token: 1}, int64(i*10), 9000, i%2 == 0, i%3 == 0)
 				case 3:
-					err = s.Remove(id, 1)
+					err = s.Remove(id, Stamp{Token: 1})
 				case 4:
 					err = s.Put(id, uint64(i), bytes.Repeat([]byte{1}, i*50))
 				case 5:
@@ -254,8 +254,16 @@ func TestConcurrentChaos(t *testing.T) {
 					_, err = s.List(0)
 				case 10:
 					err = s.Flush(id.VDI())
+				case 11:
+					err = s.PutTombstone(id, uint64(i))
+				case 12:
+					err = s.Forget(id, uint64(i))
+				case 13:
+					_, err = s.ReadSuspect(id, make([]byte, 100), 4000)
+				case 14:
+					err = s.Drop(id, uint64(i))
 				}
-				if err != nil && !errors.Is(err, ErrNotFound) {
+				if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotNewer) {
 					t.Error(err)
 					return
 				}
@@ -280,7 +288,7 @@ func TestConcurrentChaos(t *testing.T) {
 		t.Fatalf("after reopen %d objects, before %d", len(got), len(want))
 	}
 	for i := range got {
-		if got[i].ID != want[i].ID || got[i].Version != want[i].Version || got[i].Suspect {
+		if got[i].ID != want[i].ID || got[i].Version != want[i].Version || got[i].Tombstone != want[i].Tombstone || got[i].Suspect {
 			t.Errorf("after reopen %+v, before %+v", got[i], want[i])
 		}
 	}
@@ -296,7 +304,7 @@ func TestForgetIdleObjects(t *testing.T) {
 	s := openT(t, t.TempDir(), Options{})
 	defer s.Close()
 	for i := range 20 {
-		if _, err := s.WriteAt(object.Make(1, uint32(i)), 1, []byte{byte(i)}, 0, i%2 == 0); err != nil {
+		if _, err := s.WriteAt(object.Make(1, uint32(i)), Stamp{Token: 1}, []byte{byte(i)}, 0, i%2 == 0); err != nil {
 			t.Fatal(err)
 		}
 	}

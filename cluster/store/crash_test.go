@@ -48,21 +48,22 @@ type crashOp struct {
 	seed    uint64 // data of write and put
 	token   uint64
 	version uint64 // put
+	epoch   uint64 // the Stamp's epoch of write, zero and remove
 }
 
 func (op crashOp) String() string {
-	return fmt.Sprintf("%s %d %d %d %d %t %t %d %d %d", op.kind, uint64(op.id), op.vdi, op.off, op.n, op.sync, op.alloc, op.seed, op.token, op.version)
+	return fmt.Sprintf("%s %d %d %d %d %t %t %d %d %d %d", op.kind, uint64(op.id), op.vdi, op.off, op.n, op.sync, op.alloc, op.seed, op.token, op.version, op.epoch)
 }
 
 func parseCrashOp(s string) (crashOp, error) {
 	f := strings.Fields(s)
-	if len(f) != 10 {
+	if len(f) != 11 {
 		return crashOp{}, fmt.Errorf("op %q", s)
 	}
 	u := func(i int) uint64 { v, _ := strconv.ParseUint(f[i], 10, 64); return v }
 	return crashOp{
 		kind: f[0], id: object.ID(u(1)), vdi: object.VDI(u(2)), off: int64(u(3)), n: int64(u(4)),
-		sync: f[5] == "true", alloc: f[6] == "true", seed: u(7), token: u(8), version: u(9),
+		sync: f[5] == "true", alloc: f[6] == "true", seed: u(7), token: u(8), version: u(9), epoch: u(10),
 	}, nil
 }
 
@@ -103,13 +104,21 @@ func crashWorker(s *Store, logPath string, seed uint64, vdis []object.VDI, flush
 	}
 	r := rand.New(rand.NewPCG(seed, 1))
 	tokens := map[object.VDI]uint64{1: 1, 2: 1}
+	epoch := uint64(1)
 	limit, _ := strconv.Atoi(os.Getenv(crashEnvOps))
 	for i := 0; ; i++ {
 		if limit > 0 && i == limit {
 			return nil
 		}
 		vdi := vdis[r.IntN(len(vdis))]
-		op := crashOp{vdi: vdi, id: object.Make(vdi, uint32(r.IntN(4))), token: tokens[vdi], seed: r.Uint64()}
+		op := crashOp{vdi: vdi, id: object.Make(vdi, uint32(r.IntN(4))), token: tokens[vdi], seed: r.Uint64(), epoch: epoch}
+		switch r.IntN(20) { // a new epoch, or a request of the one before
+		case 0:
+			epoch++
+			op.epoch = epoch
+		case 1:
+			op.epoch--
+		}
 		op.off = r.Int64N(crashSpan)
 		op.n = min(r.Int64N(64<<10), crashSpan-op.off)
 		switch k := r.IntN(100); {
@@ -127,26 +136,32 @@ func crashWorker(s *Store, logPath string, seed uint64, vdis []object.VDI, flush
 				op.vdi = 0
 			}
 		case k < 95:
-			op.kind, op.version, op.n = "put", r.Uint64N(1000)+1, r.Int64N(crashSpan)
+			// Around the current epoch, so that some Puts are not newer.
+			op.kind, op.version, op.n = "put", Version(epoch+r.Uint64N(3)-1, uint32(r.IntN(8))), r.Int64N(crashSpan)
 		default:
 			op.kind = "fence"
 			op.token++
 			tokens[vdi] = op.token
 		}
 		fmt.Fprintf(logf, "begin %s\n", op)
+		st := Stamp{Token: op.token, Epoch: op.epoch}
 		switch op.kind {
 		case "write":
-			_, err = s.WriteAt(op.id, op.token, crashData(op.seed, op.n), op.off, op.sync)
+			_, err = s.WriteAt(op.id, st, crashData(op.seed, op.n), op.off, op.sync)
 		case "zero":
-			_, err = s.WriteZeroes(op.id, op.token, op.off, op.n, op.alloc, op.sync)
+			_, err = s.WriteZeroes(op.id, st, op.off, op.n, op.alloc, op.sync)
 		case "remove":
-			err = s.Remove(op.id, op.token)
+			err = s.Remove(op.id, st)
 		case "flush":
 			err = s.Flush(op.vdi)
 		case "put":
 			err = s.Put(op.id, op.version, crashData(op.seed, op.n))
 		case "fence":
 			err = s.Fence(op.vdi, op.token)
+		}
+		if op.kind == "put" && errors.Is(err, ErrNotNewer) {
+			fmt.Fprintf(logf, "notnewer\n") // the parent's model must agree
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("op %d %s: %w", i, op, err)
@@ -170,8 +185,9 @@ func TestCrashChild(t *testing.T) {
 
 // crashObj is the model of one object for the crash check.
 type crashObj struct {
-	m       mobj
-	exists  bool
+	m       mobj // m.version survives a Remove, in the tombstone
+	exists  bool // live data
+	tomb    bool // removed: a tombstone at m.version
 	dirty   bool // an acknowledged unsynced mutation no Flush covered
 	touched bool // journaled: mutated since the last Flush, Remove or Put
 }
@@ -206,6 +222,13 @@ func (cm *crashModel) clone() *crashModel {
 	return c
 }
 
+// putApplies says whether the model's copy of op.id is older than a Put
+// of op.version (no copy in the child's session is ever suspect).
+func (cm *crashModel) putApplies(op crashOp) bool {
+	o := cm.objs[op.id]
+	return o == nil || (!o.exists && !o.tomb) || o.m.version < op.version
+}
+
 func (cm *crashModel) apply(op crashOp) {
 	if op.token > cm.tokens[op.vdi] && op.kind != "flush" && op.kind != "put" {
 		cm.tokens[op.vdi] = op.token
@@ -214,13 +237,14 @@ func (cm *crashModel) apply(op crashOp) {
 	case "write", "zero":
 		o := cm.obj(op.id)
 		if !o.exists {
-			o.m = mobj{pages: map[int64][]byte{}}
+			o.m = mobj{version: o.m.version, pages: map[int64][]byte{}} // a tombstone's version goes on
 		}
-		o.exists = true
+		o.exists, o.tomb = true, false
 		data := make([]byte, op.n)
 		if op.kind == "write" {
 			data = crashData(op.seed, op.n)
 		}
+		o.m.version = modelNext(o.m.version, op.epoch)
 		mm := model{objs: map[object.ID]*mobj{op.id: &o.m}}
 		mm.write(op.id, data, op.off)
 		o.touched = true
@@ -229,8 +253,11 @@ func (cm *crashModel) apply(op crashOp) {
 		}
 	case "remove":
 		o := cm.obj(op.id)
-		*o = crashObj{m: mobj{pages: map[int64][]byte{}}}
+		*o = crashObj{m: mobj{version: modelNext(o.m.version, op.epoch), pages: map[int64][]byte{}}, tomb: true}
 	case "put":
+		if !cm.putApplies(op) {
+			return
+		}
 		o := cm.obj(op.id)
 		*o = crashObj{m: mobj{pages: map[int64][]byte{}}, exists: true}
 		mm := model{objs: map[object.ID]*mobj{op.id: &o.m}}
@@ -277,7 +304,7 @@ func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, .
 	if err != nil {
 		t.Fatal(err)
 	}
-	var suspects, clean, inflight int
+	var suspects, clean, inflight, tombs int
 	for round := range rounds {
 		dir := t.TempDir()
 		seed := uint64(time.Now().UnixNano()) + uint64(round)
@@ -295,6 +322,24 @@ func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, .
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		logs := []string{"log"}
+		if parallel {
+			logs = []string{"log-1", "log-2"}
+		}
+		// The kill's moment counts from the first acknowledged operation
+		// of every worker, so that a slow start on a loaded machine does
+		// not leave a worker with no log at all.
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			acked := 0
+			for _, l := range logs {
+				if b, err := os.ReadFile(filepath.Join(dir, l)); err == nil && bytes.Contains(b, []byte("\nack\n")) {
+					acked++
+				}
+			}
+			if acked == len(logs) {
+				break
+			}
+		}
 		time.Sleep(time.Duration(200+rand.IntN(600)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		err := cmd.Wait()
@@ -306,25 +351,22 @@ func runCrash(t *testing.T, rounds int, breakJournal bool, errorf func(string, .
 		if err != nil {
 			t.Fatalf("seed %d: reopen: %v", seed, err)
 		}
-		logs := []string{"log"}
-		if parallel {
-			logs = []string{"log-1", "log-2"}
-		}
 		for _, l := range logs {
-			s, c, i := checkCrash(t, st, filepath.Join(dir, l), seed, errorf)
+			s, c, i, tb := checkCrash(t, st, filepath.Join(dir, l), seed, errorf)
 			suspects += s
 			inflight += i
 			clean += c
+			tombs += tb
 		}
 		if err := st.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("%d rounds: %d objects suspect, %d checked exactly, %d in flight at the kill", rounds, suspects, clean, inflight)
+	t.Logf("%d rounds: %d objects suspect, %d checked exactly (%d of them tombstones), %d in flight at the kill", rounds, suspects, clean, tombs, inflight)
 }
 
 // checkCrash replays the child's log and checks the reopened store.
-func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func(string, ...any)) (suspects, exact, inflight int) {
+func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func(string, ...any)) (suspects, exact, inflight, tombs int) {
 	t.Helper()
 	f, err := os.Open(logPath)
 	if err != nil {
@@ -346,7 +388,10 @@ func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func
 			}
 			pending = &op
 			seen[op.id.VDI()] = true
-		case line == "ack":
+		case line == "ack" || line == "notnewer":
+			if pending.kind == "put" && cm.putApplies(*pending) != (line == "ack") {
+				errorf("seed %d: %s answered %s, but the copy held was at v%d", seed, pending, line, cm.obj(pending.id).m.version)
+			}
 			cm.apply(*pending)
 			pending = nil
 			ops++
@@ -399,20 +444,42 @@ func checkCrash(t *testing.T, s *Store, logPath string, seed uint64, errorf func
 			continue
 		}
 		exact++
+		if o.tomb {
+			// An acknowledged Remove: a tombstone at least as new as
+			// the removed copy, never the old data.
+			tombs++
+			if !info.Tombstone || info.Version < o.m.version {
+				errorf("seed %d: object %s was removed at v%d, but the copy is %+v", seed, id, o.m.version, info)
+				continue
+			}
+		}
 		if !matches(s, id, o) {
-			errorf("seed %d: object %s: content or version differs from the acknowledged state (v%d, want v%d, exists %v)", seed, id, info.Version, o.m.version, o.exists)
+			errorf("seed %d: object %s: content or version differs from the acknowledged state (%+v, want v%d, exists %v, tombstone %v)", seed, id, info, o.m.version, o.exists, o.tomb)
 		}
 	}
 	if ops == 0 {
 		errorf("seed %d: the child acknowledged no operation", seed)
 	}
 	t.Logf("seed %d: %d operations acknowledged, then %v in flight", seed, ops, pending)
-	return suspects, exact, inflight
+	return suspects, exact, inflight, tombs
 }
 
 func matches(s *Store, id object.ID, o *crashObj) bool {
 	if o == nil {
 		o = &crashObj{}
+	}
+	info, err := s.Stat(id)
+	switch {
+	case o.tomb:
+		if err != nil || !info.Tombstone || info.Version != o.m.version {
+			return false
+		}
+	case !o.exists:
+		if !errors.Is(err, ErrNotFound) {
+			return false
+		}
+	case err != nil || info.Tombstone:
+		return false
 	}
 	p := make([]byte, crashSpan)
 	v, err := s.ReadAt(id, p, 0)

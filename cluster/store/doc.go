@@ -1,5 +1,6 @@
 // Package store keeps one storage node's objects on its local disk: their
-// bytes, their versions, and each VDI's highest fencing token.
+// bytes, their versions, the tombstones of removed ones, and each VDI's
+// highest fencing token.
 //
 // It imports only the standard library, golang.org/x/sys/unix and
 // cluster/object: no network, no etcd. The node server calls it; the
@@ -8,21 +9,23 @@
 // Files, by concern:
 //
 //   - store.go: Store, Open, Close, Options, VDI state, tokens and Fence
+//   - version.go: Version, Stamp and the rule for a mutation's version
 //   - obj.go: per-object state, the header's load and update, journaling
-//     and creation before a first write
-//   - io.go: ReadAt, WriteAt, WriteZeroes, Discard, Extents
+//     and creation (or a tombstone's recreation) before a first write
+//   - io.go: ReadAt, ReadSuspect, WriteAt, WriteZeroes, Discard, Extents
 //   - flush.go: Flush
-//   - admin.go: Remove, RemoveVDI, Put, ClearSuspect, Checksum, Stat, List,
-//     Usage
+//   - admin.go: Remove, RemoveVDI, Put, PutTombstone, Replace, Forget,
+//     Drop, ClearSuspect, Checksum, Stat, List, Usage
 //   - header.go: the object file header
 //   - journal.go: the dirty journal, with group commit and compaction
 //   - fdcache.go: the LRU of open object files
 //
 // Layout: dir/objects/<vdi, 8 hex digits>/<index, 8 hex digits> is one
-// sparse file per object, a 4 KiB header (magic, id, version, CRC32C)
-// then the object's bytes; dir/journal is the dirty journal; dir/CLEAN
-// exists only between a Close and the next Open; dir/tmp holds Put's
-// files until they are renamed in place.
+// sparse file per object, a 4 KiB header (magic, flags, id, version,
+// CRC32C) then the object's bytes; a tombstone is the header alone, with
+// the "removed" flag; dir/journal is the dirty journal; dir/CLEAN exists
+// only between a Close and the next Open; dir/tmp holds the files of Put,
+// Replace, PutTombstone and Remove until they are renamed in place.
 //
 // Invariants:
 //
@@ -34,29 +37,53 @@
 //     differ from what its writes would have left is in the journal.
 //  2. Open without the CLEAN marker turns every dirty record into a
 //     suspect record. A suspect copy is neither read nor written (it
-//     returns ErrSuspect) until Put replaces it, ClearSuspect declares it
-//     good or Remove deletes it; suspicion survives further crashes.
+//     returns ErrSuspect; ReadSuspect alone reads it) until Put, Replace
+//     or PutTombstone replaces it, ClearSuspect declares it good or
+//     Remove makes it a tombstone; suspicion survives further crashes.
 //  3. A sync write returns after fdatasync of its file (its data and the
 //     header holding its version) and, for a new file, an fsync of its
 //     directory. Flush returns after the same for every object of the VDI
 //     written without sync. Neither ever syncs the whole file system.
-//  4. Every mutating call gives the object a new version, one higher
-//     than the last. The header gets it before the fdatasync that makes
-//     the write durable (the sync write's own, or the Flush's). After a
-//     crash, an object that is not suspect has the version of its last
-//     write.
+//  4. Every mutating call (WriteAt, WriteZeroes, Discard, Remove) gives
+//     the object the version max(old+1, Version(epoch, 1)) for its
+//     Stamp's epoch, the count saturating within an epoch (version.go
+//     says why); a version never goes down, not across a Remove either:
+//     the tombstone keeps it and a write recreating the object goes on
+//     from it. Only Forget, Drop and RemoveVDI, after which the object
+//     is gone, start it again from nothing. The header gets the
+//     version before the fdatasync that makes the write durable (the
+//     sync write's own, or the Flush's). After a crash, an object that
+//     is not suspect has the version of its last write, or is the
+//     tombstone of its last Remove.
 //  5. A VDI's token only rises, and it is durable in the journal before
 //     a call that raised it changes anything. A call with a lower token
 //     changes nothing (ErrStaleToken); Fence returns only after every call
 //     admitted with a lower token has finished.
-//  6. Put writes a complete file aside, syncs it, renames it over the old
-//     one and syncs the directory: a crash leaves the old copy or the new
-//     one, and at most leaked space in dir/tmp, which Open removes.
+//  6. Put, Replace, PutTombstone and Remove write a complete file aside
+//     (a tombstone is a header-only file), sync it, rename it over the
+//     old one and sync the directory: a crash leaves the old copy or the
+//     new one, and at most leaked space in dir/tmp, which Open removes.
+//     Put and PutTombstone replace only a copy that is missing, suspect
+//     or of a lower version (else ErrNotNewer), decided while they hold
+//     the object against every other call.
+//  7. A tombstone reads, checksums and maps as a missing object does
+//     (ErrNotFound), and shows in Stat and List with Tombstone set and its
+//     version. It goes only by Forget (its version at most the one
+//     given), Drop, RemoveVDI, or a write that recreates the object.
 //
-// Token rule: every mutating call carries the writer's token. Token 0 is
-// accepted only while the VDI never saw another; a higher token is
-// recorded (as by Fence) before the call proceeds. Put carries no token:
-// it is recovery's, and the node fences it by other means.
+// Token rule: every mutating call carries the writer's token in its
+// Stamp. Token 0 is accepted only while the VDI never saw another; a
+// higher token is recorded (as by Fence) before the call proceeds. Put,
+// Replace, PutTombstone, Forget and Drop carry no token: they are recovery's,
+// and the node fences them by other means.
+//
+// Versions and tombstones: a version is epoch<<32 | count, so that the
+// versions of one object's copies on different nodes compare: recovery
+// takes the highest, and a node that was away during epochs in which the
+// object was written or removed holds a lower one, whatever its own count.
+// A Remove keeps a tombstone at its version so that a stale live copy
+// elsewhere cannot come back as the newest; recovery calls Forget once
+// every node has seen the delete.
 //
 // Locking: Store.mu, then vdiState.mu, then obj.mu, then journal.mu or
 // fdcache.mu, which are leaves. No mutex is held across I/O. Where one
@@ -67,6 +94,6 @@
 // those steps. An fd in use is referenced and never closed by the LRU.
 //
 // Not done here: placement, replication, repair decisions (the node's
-// recovery compares versions and checksums and calls Put), and any
-// network or etcd access.
+// recovery compares versions and checksums and calls Put, PutTombstone,
+// Replace, Forget, Drop), and any network or etcd access.
 package store

@@ -22,6 +22,10 @@ var (
 	// ErrRange: an offset or length lies outside an object of
 	// MaxObjectSize bytes, or is negative, or the id names VDI 0.
 	ErrRange = errors.New("store: range outside object")
+	// ErrNotNewer: Put or PutTombstone was given a version no newer than
+	// the copy this node holds, which is neither missing nor suspect.
+	// Nothing was changed.
+	ErrNotNewer = errors.New("store: copy held is not older")
 	// ErrCorrupt: a file of the store does not have the expected format.
 	ErrCorrupt = errors.New("store: corrupt")
 )

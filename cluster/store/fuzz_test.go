@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"maps"
 	"testing"
 
@@ -14,6 +15,9 @@ func FuzzHeader(f *testing.F) {
 	f.Add(b[:], uint64(object.Make(1, 2)))
 	f.Add(b[:20], uint64(1))
 	f.Add(make([]byte, headerLen), uint64(0))
+	var tomb [headerLen]byte
+	header{id: object.Make(3, 4), version: Version(9, 2), removed: true}.encode(tomb[:])
+	f.Add(tomb[:], uint64(object.Make(3, 4)))
 	f.Fuzz(func(t *testing.T, b []byte, want uint64) {
 		h, err := decodeHeader(b, object.ID(want))
 		if err != nil {
@@ -21,6 +25,11 @@ func FuzzHeader(f *testing.F) {
 		}
 		if h.id != object.ID(want) {
 			t.Fatalf("decoded id %s, want %s", h.id, object.ID(want))
+		}
+		// Only the removed bit may be set, and it is what decodes.
+		flags := binary.LittleEndian.Uint32(b[12:])
+		if flags&^flagRemoved != 0 || h.removed != (flags&flagRemoved != 0) {
+			t.Fatalf("flags %#x decoded as removed=%v", flags, h.removed)
 		}
 		var re [headerLen]byte
 		h.encode(re[:])

@@ -25,9 +25,26 @@ func checkRange(id object.ID, off, n int64) error {
 
 // ReadAt reads len(p) bytes of object id at off into p and returns the
 // object's version. Bytes never written read as zeros. It returns
-// ErrNotFound when the object does not exist, ErrSuspect when this copy
-// needs repair, ErrRange when the range lies outside MaxObjectSize.
+// ErrNotFound when the object does not exist or is a tombstone,
+// ErrSuspect when this copy needs repair, ErrRange when the range lies
+// outside MaxObjectSize.
 func (s *Store) ReadAt(id object.ID, p []byte, off int64) (version uint64, err error) {
+	return s.read(id, p, off, forRead)
+}
+
+// ReadSuspect reads like ReadAt, but also from a suspect copy: it is
+// recovery's last resort when every copy of an object may be torn (after
+// a power loss of the whole cluster), to pick one and make all the same.
+// The version returned is the one in the copy's header, which may be
+// older than its bytes (a write not yet flushed changes the bytes before
+// the header), and 0 when the header is unreadable. A tombstone, suspect
+// or not, gives ErrNotFound with its version. It returns ErrNotFound for
+// a copy with no file, ErrRange as ReadAt.
+func (s *Store) ReadSuspect(id object.ID, p []byte, off int64) (version uint64, err error) {
+	return s.read(id, p, off, forReadSuspect)
+}
+
+func (s *Store) read(id object.ID, p []byte, off int64, mode beginMode) (version uint64, err error) {
 	if err := checkRange(id, off, int64(len(p))); err != nil {
 		return 0, err
 	}
@@ -37,9 +54,16 @@ func (s *Store) ReadAt(id object.ID, p []byte, off int64) (version uint64, err e
 	defer s.ops.Done()
 	o := s.obj(id)
 	defer s.release(o)
-	a, err := s.begin(o, false, false)
+	a, err := s.begin(o, mode, 0)
 	if err != nil {
-		return 0, err
+		if mode == forReadSuspect && errors.Is(err, ErrNotFound) {
+			o.mu.Lock()
+			if o.tomb {
+				version = o.version
+			}
+			o.mu.Unlock()
+		}
+		return version, err
 	}
 	defer s.end(a)
 	for done := 0; done < len(p); {
@@ -59,8 +83,11 @@ func (s *Store) ReadAt(id object.ID, p []byte, off int64) (version uint64, err e
 // mutation is the common frame of every mutating call: range check,
 // token, journal and version, then op does the I/O on the file, then the
 // header and, when sync, fdatasync (and the directory, for a new file).
-func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates bool, op func(fd int) error) (uint64, error) {
+func (s *Store) mutate(id object.ID, st Stamp, off, n int64, sync, allocates bool, op func(fd int) error) (uint64, error) {
 	if err := checkRange(id, off, n); err != nil {
+		return 0, err
+	}
+	if err := checkEpoch(fmt.Sprintf("object %s", id), st); err != nil {
 		return 0, err
 	}
 	if err := s.enter(); err != nil {
@@ -69,10 +96,10 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 	defer s.ops.Done()
 	o := s.obj(id)
 	defer s.release(o)
-	if err := s.admit(o.v, token); err != nil {
+	if err := s.admit(o.v, st.Token); err != nil {
 		return 0, err
 	}
-	defer o.v.done(token)
+	defer o.v.done(st.Token)
 	if testHookAdmitted != nil {
 		testHookAdmitted(id)
 	}
@@ -81,7 +108,7 @@ func (s *Store) mutate(id object.ID, token uint64, off, n int64, sync, allocates
 			return 0, fmt.Errorf("store: object %s: %w", id, err)
 		}
 	}
-	a, err := s.begin(o, true, true)
+	a, err := s.begin(o, forWrite, st.Epoch)
 	if err != nil {
 		return 0, err
 	}
@@ -142,12 +169,14 @@ func (s *Store) checkSpace(n int64) error {
 }
 
 // WriteAt writes p to object id at off, creating the object on its
-// first write, and returns its new version. With sync the data and the
-// version are durable before it returns; without, they are in the page
-// cache and the next Flush of the VDI makes them durable. It returns
-// ErrStaleToken, ErrRange, ErrSuspect, ErrNoSpace.
-func (s *Store) WriteAt(id object.ID, token uint64, p []byte, off int64, sync bool) (version uint64, err error) {
-	return s.mutate(id, token, off, int64(len(p)), sync, true, func(fd int) error {
+// first write (or recreating a tombstone), and returns its new version:
+// max(old+1, Version(st.Epoch, 1)), see Version. With sync the data and
+// the version are durable before it returns; without, they are in the
+// page cache and the next Flush of the VDI makes them durable. It
+// returns ErrStaleToken (st.Token), ErrRange (also for st.Epoch above
+// MaxEpoch), ErrSuspect, ErrNoSpace.
+func (s *Store) WriteAt(id object.ID, st Stamp, p []byte, off int64, sync bool) (version uint64, err error) {
+	return s.mutate(id, st, off, int64(len(p)), sync, true, func(fd int) error {
 		for done := 0; done < len(p); {
 			n, err := unix.Pwrite(fd, p[done:], HeaderSize+off+int64(done))
 			if err != nil {
@@ -160,11 +189,11 @@ func (s *Store) WriteAt(id object.ID, token uint64, p []byte, off int64, sync bo
 }
 
 // WriteZeroes makes n bytes of object id at off read as zeros, creating
-// the object, and returns its new version. Without allocate it may punch
+// the object (as WriteAt), and returns its new version. Without allocate it may punch
 // a hole; with allocate the range stays allocated (FALLOC_FL_ZERO_RANGE,
 // or written zeros).
-func (s *Store) WriteZeroes(id object.ID, token uint64, off, n int64, allocate, sync bool) (uint64, error) {
-	return s.mutate(id, token, off, n, sync, allocate, func(fd int) error {
+func (s *Store) WriteZeroes(id object.ID, st Stamp, off, n int64, allocate, sync bool) (uint64, error) {
+	return s.mutate(id, st, off, n, sync, allocate, func(fd int) error {
 		if n == 0 {
 			return nil
 		}
@@ -184,8 +213,8 @@ func (s *Store) WriteZeroes(id object.ID, token uint64, off, n int64, allocate, 
 
 // Discard frees n bytes of object id at off; they then read as zeros.
 // It returns the object's new version.
-func (s *Store) Discard(id object.ID, token uint64, off, n int64, sync bool) (uint64, error) {
-	return s.WriteZeroes(id, token, off, n, false, sync)
+func (s *Store) Discard(id object.ID, st Stamp, off, n int64, sync bool) (uint64, error) {
+	return s.WriteZeroes(id, st, off, n, false, sync)
 }
 
 // punch deallocates [off, off+n) of the file, clipped to its size, so
@@ -233,7 +262,7 @@ type Extent struct {
 // Extents appends to dst the extents that tile [off, off+n) of object
 // id, from SEEK_DATA and SEEK_HOLE, adjacent runs of one kind merged,
 // and returns the extended slice. It returns ErrNotFound for an object
-// that does not exist.
+// that does not exist or is a tombstone, ErrSuspect for a suspect copy.
 func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, error) {
 	if err := checkRange(id, off, n); err != nil {
 		return dst, err
@@ -244,7 +273,7 @@ func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, err
 	defer s.ops.Done()
 	o := s.obj(id)
 	defer s.release(o)
-	a, err := s.begin(o, false, false)
+	a, err := s.begin(o, forRead, 0)
 	if err != nil {
 		return dst, err
 	}

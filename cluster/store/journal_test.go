@@ -20,7 +20,7 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 	defer s.Close()
 	for i := range 300 {
 		id := object.Make(1, uint32(i%7))
-		if _, err := s.WriteAt(id, uint64(i/50), []byte{byte(i)}, int64(i), false); err != nil {
+		if _, err := s.WriteAt(id, Stamp{Token: uint64(i / 50)}, []byte{byte(i)}, int64(i), false); err != nil {
 			t.Fatal(err)
 		}
 		if i%3 == 0 {
@@ -30,7 +30,7 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 		}
 	}
 	dirty := object.Make(1, 99)
-	if _, err := s.WriteAt(dirty, 5, []byte{1}, 0, false); err != nil {
+	if _, err := s.WriteAt(dirty, Stamp{Token: 5}, []byte{1}, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	st, err := os.Stat(filepath.Join(dir, "journal"))
@@ -58,7 +58,7 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 	if info, err := c.Stat(object.Make(1, 0)); err != nil || info.Suspect {
 		t.Fatalf("flushed object after a crash: %+v %v", info, err)
 	}
-	if _, err := c.WriteAt(object.Make(1, 1), 5, []byte{1}, 0, true); err != nil {
+	if _, err := c.WriteAt(object.Make(1, 1), Stamp{Token: 5}, []byte{1}, 0, true); err != nil {
 		t.Fatalf("write after a torn journal tail: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"hash/crc32"
+	"math"
 	"slices"
 	"testing"
 
@@ -14,15 +15,19 @@ import (
 
 const pageSize = 4096
 
-// model is the store as the tests expect it: sparse bytes, versions and
-// tokens.
+// model is the store as the tests expect it: sparse bytes, versions,
+// tombstones and tokens.
 type model struct {
-	objs   map[object.ID]*mobj
+	objs   map[object.ID]*mobj // tombstones included
 	tokens map[object.VDI]uint64
+	epoch  uint64 // the highest epoch stamped so far
+
+	checkUsage bool // compare Usage with the model after this step
 }
 
 type mobj struct {
 	version uint64
+	tomb    bool
 	pages   map[int64][]byte // page index → 4 KiB
 }
 
@@ -30,13 +35,40 @@ func newModel() *model {
 	return &model{objs: map[object.ID]*mobj{}, tokens: map[object.VDI]uint64{}}
 }
 
-func (m *model) write(id object.ID, p []byte, off int64) {
+// modelNext is the version rule, stated apart from nextVersion: one
+// more than the old version, at least the first of the epoch, and a
+// count that saturates within its epoch.
+func modelNext(old, epoch uint64) uint64 {
+	if uint32(old) == math.MaxUint32 && old>>32 >= epoch {
+		return old
+	}
+	return max(old+1, epoch<<32|1)
+}
+
+// live returns id's object, (re)created empty when missing or a
+// tombstone; its version continues from the tombstone's.
+func (m *model) live(id object.ID) *mobj {
 	o := m.objs[id]
 	if o == nil {
 		o = &mobj{pages: map[int64][]byte{}}
 		m.objs[id] = o
 	}
-	o.version++
+	if o.tomb {
+		o.tomb, o.pages = false, map[int64][]byte{}
+	}
+	return o
+}
+
+// mutate applies a write of p at off stamped with epoch.
+func (m *model) mutate(id object.ID, epoch uint64, p []byte, off int64) {
+	o := m.live(id)
+	o.version = modelNext(o.version, epoch)
+	m.write(id, p, off)
+}
+
+// write stores p at off in id's pages, leaving the version alone.
+func (m *model) write(id object.ID, p []byte, off int64) {
+	o := m.live(id)
 	for i := range p {
 		x := off + int64(i)
 		pg := o.pages[x/pageSize]
@@ -97,6 +129,31 @@ func genRange(t *rapid.T) (off, n int64) {
 		return MaxObjectSize - n - int64(rapid.IntRange(0, 100).Draw(t, "back")), n
 	}
 	return int64(rapid.IntRange(0, 16*pageSize).Draw(t, "off")), n
+}
+
+// genEpoch picks the current epoch, the next one, or (sometimes) an
+// older one: a request admitted before the node learned of a change.
+func genEpoch(t *rapid.T, m *model) uint64 {
+	switch rapid.IntRange(0, 9).Draw(t, "epoch") {
+	case 0:
+		m.epoch++
+	case 1:
+		if m.epoch > 0 {
+			return m.epoch - 1
+		}
+	}
+	return m.epoch
+}
+
+// genVersion picks a version for Put around the current epoch, counts
+// near saturation included.
+func genVersion(t *rapid.T, m *model) uint64 {
+	e := m.epoch + uint64(rapid.IntRange(0, 2).Draw(t, "vepoch"))
+	if e > 0 {
+		e-- // the epoch before, this one, or the next
+	}
+	n := rapid.SampledFrom([]uint32{0, 1, 2, 3, 7, math.MaxUint32 - 1, math.MaxUint32}).Draw(t, "vcount")
+	return Version(e, n)
 }
 
 func genID(t *rapid.T) object.ID {
@@ -161,9 +218,10 @@ func TestModel(t *testing.T) {
 				off, n := genRange(t)
 				p := rapid.SliceOfN(rapid.Byte(), int(n), int(n)).Draw(t, "p")
 				tok := genToken(t, m, id.VDI())
-				v, err := s.WriteAt(id, tok, p, off, rapid.Bool().Draw(t, "sync"))
+				ep := genEpoch(t, m)
+				v, err := s.WriteAt(id, Stamp{Token: tok, Epoch: ep}, p, off, rapid.Bool().Draw(t, "sync"))
 				if checkStale(t, m.admit(id.VDI(), tok), err) {
-					m.write(id, p, off)
+					m.mutate(id, ep, p, off)
 					if v != m.objs[id].version {
 						t.Fatalf("version %d, want %d", v, m.objs[id].version)
 					}
@@ -173,15 +231,16 @@ func TestModel(t *testing.T) {
 				id := genID(t)
 				off, n := genRange(t)
 				tok := genToken(t, m, id.VDI())
+				st := Stamp{Token: tok, Epoch: genEpoch(t, m)}
 				var v uint64
 				var err error
 				if rapid.Bool().Draw(t, "discard") {
-					v, err = s.Discard(id, tok, off, n, false)
+					v, err = s.Discard(id, st, off, n, false)
 				} else {
-					v, err = s.WriteZeroes(id, tok, off, n, rapid.Bool().Draw(t, "allocate"), rapid.Bool().Draw(t, "sync"))
+					v, err = s.WriteZeroes(id, st, off, n, rapid.Bool().Draw(t, "allocate"), rapid.Bool().Draw(t, "sync"))
 				}
 				if checkStale(t, m.admit(id.VDI(), tok), err) {
-					m.write(id, make([]byte, n), off)
+					m.mutate(id, st.Epoch, make([]byte, n), off)
 					if v != m.objs[id].version {
 						t.Fatalf("version %d, want %d", v, m.objs[id].version)
 					}
@@ -190,7 +249,51 @@ func TestModel(t *testing.T) {
 			"remove": func(t *rapid.T) {
 				id := genID(t)
 				tok := genToken(t, m, id.VDI())
-				if checkStale(t, m.admit(id.VDI(), tok), s.Remove(id, tok)) {
+				ep := genEpoch(t, m)
+				if checkStale(t, m.admit(id.VDI(), tok), s.Remove(id, Stamp{Token: tok, Epoch: ep})) {
+					o := m.live(id)
+					o.version = modelNext(o.version, ep)
+					o.tomb, o.pages = true, nil
+				}
+			},
+			"puttomb": func(t *rapid.T) {
+				id := genID(t)
+				ver := genVersion(t, m)
+				err := s.PutTombstone(id, ver)
+				if o := m.objs[id]; o != nil && o.version >= ver {
+					if !errors.Is(err, ErrNotNewer) {
+						t.Fatalf("PutTombstone of %s at %#x over %#x: %v, want ErrNotNewer", id, ver, o.version, err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				m.objs[id] = &mobj{version: ver, tomb: true}
+			},
+			"drop": func(t *rapid.T) {
+				id := genID(t)
+				var ver uint64
+				if o := m.objs[id]; o != nil {
+					ver = o.version - uint64(rapid.IntRange(0, 1).Draw(t, "below"))
+				}
+				if err := s.Drop(id, ver); err != nil {
+					t.Fatal(err)
+				}
+				if o := m.objs[id]; o != nil && o.version <= ver {
+					delete(m.objs, id)
+				}
+			},
+			"forget": func(t *rapid.T) {
+				id := genID(t)
+				var ver uint64
+				if o := m.objs[id]; o != nil {
+					ver = o.version - uint64(rapid.IntRange(0, 1).Draw(t, "below"))
+				}
+				if err := s.Forget(id, ver); err != nil {
+					t.Fatal(err)
+				}
+				if o := m.objs[id]; o != nil && o.tomb && o.version <= ver {
 					delete(m.objs, id)
 				}
 			},
@@ -211,9 +314,22 @@ func TestModel(t *testing.T) {
 				for i := 0; i < n; i += rapid.IntRange(1, 3000).Draw(t, "gap") {
 					p[i] = byte(rapid.IntRange(1, 255).Draw(t, "b"))
 				}
-				ver := rapid.Uint64Range(1, 1000).Draw(t, "version")
-				if err := s.Put(id, ver, p); err != nil {
-					t.Fatal(err)
+				ver := genVersion(t, m)
+				if rapid.Bool().Draw(t, "replace") {
+					if err := s.Replace(id, ver, p); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					err := s.Put(id, ver, p)
+					if o := m.objs[id]; o != nil && o.version >= ver {
+						if !errors.Is(err, ErrNotNewer) {
+							t.Fatalf("Put of %s at %#x over %#x: %v, want ErrNotNewer", id, ver, o.version, err)
+						}
+						return
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
 				}
 				o := &mobj{pages: map[int64][]byte{}}
 				m.objs[id] = o
@@ -224,11 +340,21 @@ func TestModel(t *testing.T) {
 				id := genID(t)
 				off, n := genRange(t)
 				p := bytes.Repeat([]byte{0xa5}, int(n)) // garbage the read must overwrite
-				v, err := s.ReadAt(id, p, off)
+				suspectOK := rapid.Bool().Draw(t, "suspectOK")
+				var v uint64
+				var err error
+				if suspectOK {
+					v, err = s.ReadSuspect(id, p, off)
+				} else {
+					v, err = s.ReadAt(id, p, off)
+				}
 				o := m.objs[id]
-				if o == nil {
+				if o == nil || o.tomb {
 					if !errors.Is(err, ErrNotFound) {
 						t.Fatalf("read of absent %s: %v", id, err)
+					}
+					if suspectOK && o != nil && v != o.version {
+						t.Fatalf("ReadSuspect of tombstone %s: version %#x, want %#x", id, v, o.version)
 					}
 					return
 				}
@@ -246,7 +372,7 @@ func TestModel(t *testing.T) {
 				off, n := genRange(t)
 				ext, err := s.Extents(id, off, n, nil)
 				o := m.objs[id]
-				if o == nil {
+				if o == nil || o.tomb {
 					if !errors.Is(err, ErrNotFound) {
 						t.Fatalf("extents of absent %s: %v", id, err)
 					}
@@ -277,7 +403,7 @@ func TestModel(t *testing.T) {
 				id := genID(t)
 				crc, v, err := s.Checksum(id)
 				o := m.objs[id]
-				if o == nil {
+				if o == nil || o.tomb {
 					if !errors.Is(err, ErrNotFound) {
 						t.Fatalf("checksum of absent %s: %v", id, err)
 					}
@@ -300,11 +426,20 @@ func TestModel(t *testing.T) {
 				if checkRange(id, off, n) == nil {
 					return
 				}
-				if _, err := s.WriteZeroes(id, m.tokens[id.VDI()], off, n, true, false); !errors.Is(err, ErrRange) {
+				if _, err := s.WriteZeroes(id, Stamp{Token: m.tokens[id.VDI()]}, off, n, true, false); !errors.Is(err, ErrRange) {
 					t.Fatalf("WriteZeroes %d+%d: %v, want ErrRange", off, n, err)
 				}
+				if id.VDI() != 0 {
+					high := Stamp{Token: m.tokens[id.VDI()], Epoch: MaxEpoch + 1}
+					if _, err := s.WriteAt(id, high, []byte{1}, 0, false); !errors.Is(err, ErrRange) {
+						t.Fatalf("WriteAt at epoch %d: %v, want ErrRange", high.Epoch, err)
+					}
+					if err := s.Remove(id, high); !errors.Is(err, ErrRange) {
+						t.Fatalf("Remove at epoch %d: %v, want ErrRange", high.Epoch, err)
+					}
+				}
 				if id.VDI() == 0 {
-					if err := s.Remove(id, 0); !errors.Is(err, ErrRange) {
+					if err := s.Remove(id, Stamp{Token: 0}); !errors.Is(err, ErrRange) {
 						t.Fatalf("Remove of vdi 0: %v", err)
 					}
 					if err := s.Put(id, 1, nil); !errors.Is(err, ErrRange) {
@@ -323,6 +458,7 @@ func TestModel(t *testing.T) {
 					}
 				}
 			},
+			"usage": func(t *rapid.T) { m.checkUsage = true }, // checked with List below
 			"reopen": func(t *rapid.T) {
 				if err := s.Close(); err != nil {
 					t.Fatal(err)
@@ -340,10 +476,24 @@ func TestModel(t *testing.T) {
 				if len(infos) != len(m.objs) {
 					t.Fatalf("List has %d objects, model %d", len(infos), len(m.objs))
 				}
+				tombs := 0
 				for _, in := range infos {
 					o := m.objs[in.ID]
-					if o == nil || in.Version != o.version || in.Suspect {
-						t.Fatalf("List: %+v, model %v", in, o)
+					if o == nil || in.Version != o.version || in.Suspect || in.Tombstone != o.tomb {
+						t.Fatalf("List: %+v, model %+v", in, o)
+					}
+					if o.tomb {
+						tombs++
+					}
+				}
+				if m.checkUsage {
+					m.checkUsage = false
+					u, err := s.Usage()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if u.Objects != len(m.objs)-tombs || u.Tombstones != tombs {
+						t.Fatalf("Usage: %d objects, %d tombstones; model %d, %d", u.Objects, u.Tombstones, len(m.objs)-tombs, tombs)
 					}
 				}
 				for v, tok := range m.tokens {

@@ -36,7 +36,7 @@ func TestNoSpace(t *testing.T) {
 	written := map[object.ID]bool{}
 	for i := range 16 {
 		id := object.Make(1, uint32(i))
-		_, err := s.WriteAt(id, 1, chunk, 0, false)
+		_, err := s.WriteAt(id, Stamp{Token: 1}, chunk, 0, false)
 		if err != nil {
 			if !errors.Is(err, ErrNoSpace) || !errors.Is(err, unix.ENOSPC) {
 				t.Fatalf("write on a full file system: %v", err)
@@ -63,14 +63,14 @@ func TestNoSpace(t *testing.T) {
 		t.Fatalf("flush on a full file system: %v", err)
 	}
 	for id := range written {
-		if err := s.Remove(id, 1); err != nil {
+		if err := s.Remove(id, Stamp{Token: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Remove(full, 1); err != nil {
+	if err := s.Remove(full, Stamp{Token: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.WriteAt(full, 1, chunk, 0, true); err != nil {
+	if _, err := s.WriteAt(full, Stamp{Token: 1}, chunk, 0, true); err != nil {
 		t.Fatalf("write after space was freed: %v", err)
 	}
 }
@@ -83,7 +83,7 @@ func TestReserve(t *testing.T) {
 	var refused int
 	for i := range 8 {
 		id := object.Make(1, uint32(i))
-		v, err := s.WriteAt(id, 1, chunk, 0, i%2 == 0)
+		v, err := s.WriteAt(id, Stamp{Token: 1}, chunk, 0, i%2 == 0)
 		if errors.Is(err, ErrNoSpace) {
 			refused++
 			// Refused before anything changed: no object, no suspicion.
@@ -107,7 +107,7 @@ func TestReserve(t *testing.T) {
 		t.Fatalf("usage %+v after %d refused", u, refused)
 	}
 	// Punching needs no space and is allowed below the reserve.
-	if _, err := s.Discard(object.Make(1, 0), 1, 0, 1<<20, true); err != nil {
+	if _, err := s.Discard(object.Make(1, 0), Stamp{Token: 1}, 0, 1<<20, true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(dir); err != nil {

@@ -30,7 +30,8 @@ type obj struct {
 	loaded    bool
 	loading   bool   // one caller reads the header
 	exists    bool   // the file exists (or is being created by prep)
-	version   uint64 // last version handed out
+	tomb      bool   // the file is a tombstone: it reads as missing
+	version   uint64 // last version handed out (a tombstone's, too)
 	suspect   bool   // the copy may be torn; recSuspect is in the journal
 	journaled bool   // a recDirty or recSuspect record is durable
 	prepping  bool   // one writer journals or creates
@@ -42,6 +43,7 @@ type obj struct {
 	syncedGen uint64 // dirtyGen covered by an fdatasync
 	hdrBusy   bool   // one caller writes the header
 	hdrDone   uint64 // version in the header (page cache)
+	hdrTomb   bool   // the header (page cache) says removed
 }
 
 // load reads the object's header the first time. Called with o.mu held;
@@ -54,10 +56,11 @@ func (s *Store) loadLocked(o *obj) {
 		}
 		o.loading = true
 		o.mu.Unlock()
-		exists, ver, err := s.readHeader(o)
+		exists, h, err := s.readHeader(o)
 		o.mu.Lock()
 		o.loading, o.loaded = false, true
-		o.exists, o.version, o.hdrDone = exists, ver, ver
+		o.exists, o.version, o.hdrDone = exists, h.version, h.version
+		o.tomb, o.hdrTomb = h.removed, h.removed
 		if err != nil && !o.suspect {
 			s.log.Error("store: object header unreadable, copy suspect", "object", o.id, "err", err)
 			o.suspect = true
@@ -68,25 +71,24 @@ func (s *Store) loadLocked(o *obj) {
 	}
 }
 
-func (s *Store) readHeader(o *obj) (exists bool, version uint64, err error) {
+func (s *Store) readHeader(o *obj) (exists bool, h header, err error) {
 	fd, err := unix.Open(o.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return false, 0, nil
+		return false, header{}, nil
 	}
 	if err != nil {
-		return false, 0, fmt.Errorf("open: %w", err)
+		return false, header{}, fmt.Errorf("open: %w", err)
 	}
 	defer unix.Close(fd)
 	var b [headerLen]byte
 	n, err := unix.Pread(fd, b[:], 0)
 	if err != nil {
-		return true, 0, fmt.Errorf("read header: %w", err)
+		return true, header{}, fmt.Errorf("read header: %w", err)
 	}
-	h, err := decodeHeader(b[:n], o.id)
-	if err != nil {
-		return true, 0, err
+	if h, err = decodeHeader(b[:n], o.id); err != nil {
+		return true, header{}, err
 	}
-	return true, h.version, nil
+	return true, h, nil
 }
 
 // testBreakJournal, set only by the crash harness's self-test, skips the
@@ -102,11 +104,23 @@ type access struct {
 	created bool
 }
 
+// How a call uses an object, for begin.
+type beginMode int
+
+const (
+	forRead        beginMode = iota // a live copy that is not suspect
+	forReadSuspect                  // any copy with a file, suspect or not
+	forWrite                        // journaled, created or recreated; a new version
+)
+
 // begin admits a call to o: it loads o, waits out Put and Remove, and
-// refuses suspect copies. A write (mutate) makes sure the object is
-// journaled and, when create, exists; it takes the next version. The
-// file is opened unless the object does not exist (then ErrNotFound).
-func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
+// refuses suspect copies (unless forReadSuspect). A write makes sure the
+// object is journaled and exists as live data (creating its file, or
+// truncating a tombstone's); it takes the version after o's for epoch.
+// The file is opened unless the object does not exist or is a tombstone
+// (then ErrNotFound).
+func (s *Store) begin(o *obj, mode beginMode, epoch uint64) (*access, error) {
+	mutate := mode == forWrite
 	o.mu.Lock()
 	for {
 		s.loadLocked(o)
@@ -114,15 +128,15 @@ func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
 			o.cond.Wait()
 			continue
 		}
-		if o.suspect {
+		if o.suspect && mode != forReadSuspect {
 			o.mu.Unlock()
 			return nil, fmt.Errorf("store: object %s: %w", o.id, ErrSuspect)
 		}
-		if !o.exists && !create {
+		if !mutate && (!o.exists || o.tomb) {
 			o.mu.Unlock()
 			return nil, fmt.Errorf("store: object %s: %w", o.id, ErrNotFound)
 		}
-		if !mutate || (o.journaled && o.exists) {
+		if !mutate || (o.journaled && o.exists && !o.tomb) {
 			break
 		}
 		if o.prepping {
@@ -138,11 +152,9 @@ func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
 	o.users++
 	if mutate {
 		o.writers++
-		o.version++
-		a.version = o.version
-	} else {
-		a.version = o.version
+		o.version = nextVersion(o.version, epoch)
 	}
+	a.version = o.version
 	o.mu.Unlock()
 	fd, err := s.fds.get(o.id, o.path, false)
 	if err != nil {
@@ -154,37 +166,42 @@ func (s *Store) begin(o *obj, mutate, create bool) (*access, error) {
 }
 
 // prepLocked journals o (durably, before any write to it) and creates
-// its file. Called with o.mu held and o.prepping false; drops mu for the
-// I/O and returns with it held.
+// its file, or truncates a tombstone's to the header. Called with o.mu
+// held and o.prepping false; drops mu for the I/O and returns with it
+// held. A recreated tombstone keeps its version in o.version, so that
+// the write's version continues from it.
 func (s *Store) prepLocked(o *obj) error {
 	o.prepping = true
-	needJ, needC := !o.journaled, !o.exists
+	needJ, needC, needT := !o.journaled, !o.exists, o.exists && o.tomb
 	var seq uint64
 	if needJ && !testBreakJournal {
 		seq = s.j.enqueue(record{key: uint64(o.id), op: recDirty})
 	}
 	o.mu.Unlock()
-	createGen, err := s.prepIO(o, needJ, needC, seq)
+	createGen, err := s.prepIO(o, needJ, needC, needT, seq)
 	o.mu.Lock()
 	o.prepping = false
 	o.cond.Broadcast()
+	if needJ && (err == nil || needT) {
+		o.journaled = true // the record is durable even if the truncate failed
+	}
 	if err != nil {
 		return err
 	}
-	if needJ {
-		o.journaled = true
-	}
 	if needC {
 		o.exists = true
-		o.hdrDone = 0
+		o.hdrDone, o.hdrTomb = 0, false
 		o.createGen = createGen
+	}
+	if needT {
+		o.tomb = false // the header says removed until the write's header update
 	}
 	return nil
 }
 
 // prepIO does prepLocked's I/O and returns, for a created file, the
 // VDI's directory generation that covers it.
-func (s *Store) prepIO(o *obj, needJ, needC bool, seq uint64) (uint64, error) {
+func (s *Store) prepIO(o *obj, needJ, needC, needT bool, seq uint64) (uint64, error) {
 	if needJ {
 		if err := s.j.wait(seq); err != nil {
 			return 0, fmt.Errorf("store: object %s: %w", o.id, err)
@@ -192,6 +209,13 @@ func (s *Store) prepIO(o *obj, needJ, needC bool, seq uint64) (uint64, error) {
 		o.v.mu.Lock()
 		o.v.journaled[o.id] = o
 		o.v.mu.Unlock()
+	}
+	if needT {
+		// A tombstone holds no data (Remove writes it header-only); the
+		// truncate is for a file whose creator crashed before it was.
+		if err := unix.Truncate(o.path, HeaderSize); err != nil {
+			return 0, fmt.Errorf("store: object %s: recreate: %w", o.id, err)
+		}
 	}
 	if !needC {
 		return 0, nil
@@ -238,16 +262,16 @@ func (s *Store) writeHeader(a *access) error {
 	o := a.o
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for o.hdrDone < a.version {
+	for o.hdrDone < a.version || o.hdrTomb != o.tomb {
 		if o.hdrBusy {
 			o.cond.Wait()
 			continue
 		}
 		o.hdrBusy = true
-		w := o.version
+		w, tomb := o.version, o.tomb
 		o.mu.Unlock()
 		var b [headerLen]byte
-		header{id: o.id, version: w}.encode(b[:])
+		header{id: o.id, version: w, removed: tomb}.encode(b[:])
 		_, err := unix.Pwrite(a.fd.fd, b[:], 0)
 		o.mu.Lock()
 		o.hdrBusy = false
@@ -255,8 +279,8 @@ func (s *Store) writeHeader(a *access) error {
 		if err != nil {
 			return fmt.Errorf("store: object %s: write header: %w", o.id, noSpace(err))
 		}
-		if w > o.hdrDone {
-			o.hdrDone = w
+		if w >= o.hdrDone {
+			o.hdrDone, o.hdrTomb = w, tomb
 		}
 	}
 	return nil

@@ -27,7 +27,10 @@ import (
 //     was unlinked or renamed over;
 //  3. no CLEAN record for an object is written unless, after its file
 //     was created (open with O_CREAT, or renamed into place), an fsync of
-//     its directory began and ended, or the file was unlinked.
+//     its directory began and ended, or the file was unlinked;
+//  4. no file of dir/tmp is renamed over an object (Put, Remove's
+//     tombstone) unless an fdatasync of it began after its last write
+//     (pwrite, ftruncate) and ended before the rename.
 //
 // These are the orderings a power loss would punish.
 func TestSyscallOrder(t *testing.T) {
@@ -45,7 +48,7 @@ func TestSyscallOrder(t *testing.T) {
 		dir, trace = d, filepath.Join(d, "trace")
 	}
 	cmd := exec.CommandContext(ctx, strace, "-f", "-qq", "-y", "-xx", "-s", "8192", "-o", trace,
-		"-e", "trace=openat,pwrite64,fallocate,fdatasync,fsync,rename,renameat,unlink,unlinkat",
+		"-e", "trace=openat,pwrite64,fallocate,ftruncate,truncate,fdatasync,fsync,rename,renameat,unlink,unlinkat",
 		bin, "-test.run=^TestCrashChild$")
 	ops := "250"
 	if raceEnabled {
@@ -69,10 +72,10 @@ func TestSyscallOrder(t *testing.T) {
 		}
 		t.Error(e)
 	}
-	if n.objWrites == 0 || n.cleans == 0 || n.dirties == 0 {
+	if n.objWrites == 0 || n.cleans == 0 || n.dirties == 0 || n.renames == 0 {
 		t.Fatalf("trace too thin to prove anything: %+v", n)
 	}
-	t.Logf("%d system calls: %d object writes, %d dirty and %d clean records checked", len(calls), n.objWrites, n.dirties, n.cleans)
+	t.Logf("%d system calls: %d object writes, %d dirty and %d clean records, %d renames over objects checked", len(calls), n.objWrites, n.dirties, n.cleans, n.renames)
 }
 
 // call is one traced system call: where it began and ended in the trace.
@@ -150,7 +153,7 @@ func parseTrace(path string) ([]*call, error) {
 				c.path = string(unhex(ps[0][1]))
 			}
 			c.creat = strings.Contains(args, "O_CREAT")
-		case "rename", "renameat", "unlink", "unlinkat":
+		case "rename", "renameat", "unlink", "unlinkat", "truncate":
 			// Paths are strings, relative to a dir fd or absolute.
 			var ps []string
 			for _, s := range tracePath.FindAllStringSubmatch(args, -1) {
@@ -179,7 +182,7 @@ func objectPath(root string, id object.ID) string {
 	return filepath.Join(root, "objects", fmt.Sprintf("%08x", uint32(id.VDI())), fmt.Sprintf("%08x", id.Index()))
 }
 
-type orderCounts struct{ objWrites, dirties, cleans int }
+type orderCounts struct{ objWrites, dirties, cleans, renames int }
 
 // objectOf names the object a path under root/objects is, if it is one.
 func objectOf(root, path string) (object.ID, bool) {
@@ -201,6 +204,7 @@ func objectOf(root, path string) (object.ID, bool) {
 
 func checkOrder(calls []*call, root string) (orderCounts, []string) {
 	journal := filepath.Join(root, "journal")
+	tmpDir := filepath.Join(root, "tmp")
 	type event struct {
 		at   int
 		exit bool
@@ -239,11 +243,34 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 		unlinked = map[object.ID]int{} // exit of its unlink
 		syncFrom = map[*call]int{}     // for object syncs: lastW when they began
 		jsync    = map[*call][]record{}
+		tmpW     = map[string]int{} // tmp file → exit of its last write
+		tmpSync  = map[string]int{} // tmp file → exit of an fdatasync that began after tmpW
 	)
+	isWrite := func(name string) bool {
+		return name == "pwrite64" || name == "fallocate" || name == "ftruncate" || name == "truncate"
+	}
 	for _, e := range evs {
 		c := e.c
 		id, isObj := objectOf(root, c.path)
+		isTmp := filepath.Dir(c.path) == tmpDir
 		switch {
+		case isWrite(c.name) && isTmp && e.exit:
+			tmpW[c.path] = e.at
+		case c.name == "fdatasync" && isTmp && !e.exit:
+			syncFrom[c] = tmpW[c.path]
+		case c.name == "fdatasync" && isTmp && e.exit:
+			if syncFrom[c] == tmpW[c.path] {
+				tmpSync[c.path] = e.at + 1
+			}
+		case strings.HasPrefix(c.name, "rename") && isTmp && !e.exit:
+			if tid, ok := objectOf(root, c.path2); ok {
+				n.renames++
+				if w, ok := tmpW[c.path]; ok && tmpSync[c.path] <= w {
+					errs = append(errs, fmt.Sprintf("line %d: %s renamed over %s, but its write ending at line %d was never synced", c.entry, c.path, tid, w))
+				}
+				delete(tmpW, c.path) // the name is used again
+				delete(tmpSync, c.path)
+			}
 		case c.name == "pwrite64" && c.path == journal && !e.exit:
 			for off := 0; off+recSize <= len(c.data); off += recSize {
 				r, ok := decodeRecord(c.data[off : off+recSize])
@@ -286,12 +313,12 @@ func checkOrder(calls []*call, root string) (orderCounts, []string) {
 					delete(durable, object.ID(r.key))
 				}
 			}
-		case (c.name == "pwrite64" || c.name == "fallocate") && isObj && !e.exit:
+		case isWrite(c.name) && isObj && !e.exit:
 			n.objWrites++
 			if durable[id] == 0 {
 				errs = append(errs, fmt.Sprintf("line %d: %s of %s before a durable DIRTY record", c.entry, c.name, id))
 			}
-		case (c.name == "pwrite64" || c.name == "fallocate") && isObj && e.exit:
+		case isWrite(c.name) && isObj && e.exit:
 			lastW[id] = e.at
 		case (c.name == "fdatasync" || c.name == "fsync") && isObj && !e.exit:
 			syncFrom[c] = lastW[id]
@@ -339,6 +366,11 @@ func TestCheckOrderCatches(t *testing.T) {
 		line++
 		return &call{name: name, path: path, data: data, entry: line, exit: line, ok: true}
 	}
+	tmp := root + "/tmp/0000000100000001"
+	rename := func(from, to string) *call {
+		line++
+		return &call{name: "rename", path: from, path2: to, entry: line, exit: line, ok: true}
+	}
 	calls := []*call{
 		{name: "openat", path: pa, creat: true, ok: true},
 		c("pwrite64", root+"/journal", rec(a, recDirty)),
@@ -350,10 +382,15 @@ func TestCheckOrderCatches(t *testing.T) {
 		c("pwrite64", root+"/journal", rec(a, recClean)), // directory never synced
 		c("fsync", root+"/objects/00000001", nil),
 		c("pwrite64", root+"/journal", rec(a, recClean)), // fine now
+		c("pwrite64", tmp, []byte("x")),
+		rename(tmp, pa), // tmp never synced
+		c("pwrite64", tmp, []byte("x")),
+		c("fdatasync", tmp, nil),
+		rename(tmp, pa), // fine
 	}
 	_, errs := checkOrder(calls, root)
-	if len(errs) != 4 || !strings.Contains(errs[0], "before a durable DIRTY") || !strings.Contains(errs[1], "was never synced") ||
-		!strings.Contains(errs[3], "directory entry") {
+	if len(errs) != 5 || !strings.Contains(errs[0], "before a durable DIRTY") || !strings.Contains(errs[1], "was never synced") ||
+		!strings.Contains(errs[3], "directory entry") || !strings.Contains(errs[4], "renamed over") {
 		t.Fatalf("checker found %q, want the planted faults", errs)
 	}
 }

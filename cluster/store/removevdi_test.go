@@ -14,7 +14,7 @@ func TestRemoveVDI(t *testing.T) {
 	defer s.Close()
 	for i := range 5 {
 		for _, v := range []object.VDI{1, 2} {
-			if _, err := s.WriteAt(object.Make(v, uint32(i)), 1, []byte("data"), 0, i%2 == 0); err != nil {
+			if _, err := s.WriteAt(object.Make(v, uint32(i)), Stamp{Token: 1}, []byte("data"), 0, i%2 == 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -42,7 +42,7 @@ func TestRemoveVDI(t *testing.T) {
 	}
 	c.Close()
 	// The VDI can be written again.
-	if _, err := s.WriteAt(object.Make(1, 3), 1, []byte("new"), 0, true); err != nil {
+	if _, err := s.WriteAt(object.Make(1, 3), Stamp{Token: 1}, []byte("new"), 0, true); err != nil {
 		t.Fatal(err)
 	}
 	if ents, _ := os.ReadDir(s.tmpDir); len(ents) != 0 {

@@ -272,7 +272,7 @@ func (s *Store) release(o *obj) {
 	}
 	o.mu.Lock()
 	idle := o.loaded && !o.loading && !o.journaled && !o.suspect && !o.prepping && !o.excl &&
-		o.users == 0 && !o.hdrBusy && o.hdrDone == o.version && o.dirtyGen == o.syncedGen
+		o.users == 0 && !o.hdrBusy && o.hdrDone == o.version && o.hdrTomb == o.tomb && o.dirtyGen == o.syncedGen
 	o.mu.Unlock()
 	if idle {
 		delete(s.objs, o.id)

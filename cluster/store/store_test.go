@@ -24,11 +24,11 @@ func TestBasic(t *testing.T) {
 	if _, err := s.ReadAt(id, make([]byte, 10), 0); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("read of absent object: %v, want ErrNotFound", err)
 	}
-	v1, err := s.WriteAt(id, 1, []byte("hello"), 100, false)
+	v1, err := s.WriteAt(id, Stamp{Token: 1}, []byte("hello"), 100, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v2, err := s.WriteAt(id, 1, []byte("world"), 1<<20, true)
+	v2, err := s.WriteAt(id, Stamp{Token: 1}, []byte("world"), 1<<20, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestBasic(t *testing.T) {
 	if s.Token(7) != 1 {
 		t.Fatalf("token after reopen %d", s.Token(7))
 	}
-	if _, err := s.WriteAt(id, 0, []byte("x"), 0, false); !errors.Is(err, ErrStaleToken) {
+	if _, err := s.WriteAt(id, Stamp{Token: 0}, []byte("x"), 0, false); !errors.Is(err, ErrStaleToken) {
 		t.Fatalf("stale token: %v", err)
 	}
 }
