@@ -12,7 +12,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/protocol"
-	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/object"
 )
 
 // Admin requests ride the node-to-node protocol as OpAdmin, so that
@@ -375,16 +375,13 @@ func (n *Node) adminWrite(ctx context.Context, ar AdminRequest, data []byte) (an
 func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 	v := n.views.View()
 	for id, addr := range v.Addr {
-		infos, err := listAll(ctx, n.net, v, id, vd.ID)
-		if err != nil {
+		// Each node removes the VDI's directory at once (store.RemoveVDI),
+		// tombstones and all: IDs are never reused, so nothing needs to
+		// remember the objects. A node that misses this removes them when
+		// it next recovers (it finds no VDI for them).
+		var msg string
+		if err := adminVia(ctx, n.net, addr, AdminRequest{Cmd: "vdi.purge", Object: uint64(object.Make(vd.ID, 0))}, &msg); err != nil {
 			n.log.Warn("removing a deleted VDI's objects", "vdi", vd.Name, "on", id, "err", err)
-			continue
-		}
-		for _, in := range infos {
-			// A deleted VDI has no lock holder left to fence: its objects
-			// go with the highest token the node has seen.
-			var r protocol.Response
-			n.net.Call(ctx, addr, &protocol.Request{Op: protocol.OpRemove, Epoch: v.Epoch, Token: ^uint64(0), Object: in.ID}, &r)
 		}
 	}
 }
@@ -398,4 +395,3 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	return Check(ctx, n.net, n.views.View(), vs, nil)
 }
 
-var _ = store.MaxObjectSize

@@ -154,7 +154,12 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 			buf = make([]byte, req.Length)
 		}
 		buf = buf[:req.Length]
-		ver, err = st.ReadAt(req.Object, buf, int64(req.Offset))
+		if req.Flags&protocol.FlagRecovery != 0 {
+			// Recovery reads its chosen source as it is, suspect or not.
+			ver, err = st.ReadSuspect(req.Object, buf, int64(req.Offset))
+		} else {
+			ver, err = st.ReadAt(req.Object, buf, int64(req.Offset))
+		}
 		resp.Payload = buf
 	case protocol.OpWrite:
 		ver, err = st.WriteAt(req.Object, store.Stamp{Token: req.Token, Epoch: req.Epoch}, req.Payload, int64(req.Offset), sync)

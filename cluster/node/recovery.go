@@ -713,15 +713,20 @@ func (r *recoverer) fetch(ctx context.Context, v *gateway.View, obj object.ID, s
 		return nil, 0, fmt.Errorf("object %s: its VDI: %w", obj, err)
 	}
 	size := uint32(1) << vd.ObjectShift
-	var resp protocol.Response
-	req := &protocol.Request{Op: protocol.OpExtents, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: size}
-	if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
-		return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
-	}
-	ver := resp.Version
-	ext, err := protocol.ParseExtents(nil, resp.Payload)
-	if err != nil {
-		return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
+	var ver uint64
+	// A suspect source cannot map its extents: read it whole (Put makes
+	// holes of its zeros again).
+	ext := []protocol.Extent{{Offset: 0, Length: uint64(size)}}
+	if !st.FromSuspect {
+		var resp protocol.Response
+		req := &protocol.Request{Op: protocol.OpExtents, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: size}
+		if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
+			return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
+		}
+		ver = resp.Version
+		if ext, err = protocol.ParseExtents(nil, resp.Payload); err != nil {
+			return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
+		}
 	}
 	var end uint64
 	for _, e := range ext {

@@ -48,5 +48,5 @@ func dropCopy(st *store.Store, id object.ID) error {
 // replaceCopy installs a copy whatever the local one's version (check
 // --repair of copies that differ at equal versions).
 func replaceCopy(st *store.Store, id object.ID, version uint64, data []byte) error {
-	return st.Put(id, version, data)
+	return st.Replace(id, version, data)
 }
