@@ -770,7 +770,8 @@ func (r *recoverer) fetch(ctx context.Context, v *gateway.View, obj object.ID, s
 // recovered. Copies whose new holders are not there yet are left for a
 // later pass (the next run, or this one's retries).
 func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
-	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+	clean := false
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 10*time.Second) {
 		infos, err := r.n.st.List(0)
 		if err != nil {
 			return err
@@ -816,7 +817,18 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 			r.mu.Unlock()
 		}
 		if left == 0 {
-			return nil
+			if !clean {
+				if err := r.n.mc.SetClean(ctx, r.n.id, v.Epoch); err != nil {
+					return err
+				}
+				clean = true
+			}
+			// Tombstones wait for the other nodes to be clean too; look
+			// again now and then until none is left or the epoch moves.
+			kept, err := r.forgetTombstones(ctx)
+			if err != nil || kept == 0 {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -824,6 +836,50 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 		case <-time.After(backoff):
 		}
 	}
+}
+
+// forgetTombstones deletes the tombstones held here that no node needs
+// any more. A tombstone of epoch T may go once every node that ever
+// recovered an epoch (so may hold copies) has recorded a clean epoch
+// after T: each such node then holds either the tombstone or nothing of
+// the object, so no stale copy is left anywhere to come back. A node
+// that is away keeps every tombstone since it left alive until it
+// returns.
+func (r *recoverer) forgetTombstones(ctx context.Context) (kept int, err error) {
+	rec, err := r.n.mc.Recovered(ctx)
+	if err != nil {
+		return 0, err
+	}
+	clean, err := r.n.mc.Clean(ctx)
+	if err != nil {
+		return 0, err
+	}
+	floor := uint64(1<<64 - 1)
+	for id := range rec {
+		floor = min(floor, clean[id])
+	}
+	infos, err := r.n.st.List(0)
+	if err != nil {
+		return 0, err
+	}
+	forgot := 0
+	for _, in := range infos {
+		if !in.Tombstone {
+			continue
+		}
+		if store.VersionEpoch(in.Version) >= floor {
+			kept++
+			continue
+		}
+		if err := r.n.st.Forget(in.ID, in.Version); err != nil {
+			return kept, fmt.Errorf("object %s: forgetting its tombstone: %w", in.ID, err)
+		}
+		forgot++
+	}
+	if forgot > 0 {
+		r.n.log.Info("forgot tombstones every node has seen", "tombstones", forgot, "below_epoch", floor)
+	}
+	return kept, nil
 }
 
 // listFor is the handler's ListFor.

@@ -457,3 +457,53 @@ func TestClusterCheckRepair(t *testing.T) {
 		}
 	}
 }
+
+// objectFiles counts the object files (copies and tombstones) under a
+// node's store.
+func objectFiles(t *testing.T, n *clusterNode) int {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(n.dir, "objects", "objects", "*", "*"))
+	return len(files)
+}
+
+// TestClusterTrimWhileAway: objects trimmed while a node was down stay
+// trimmed when it returns with its old copies: the tombstones win over
+// them (they carry a later epoch), the node's copies become tombstones,
+// and once every node has seen the trim the tombstones are forgotten,
+// so nothing of the trimmed objects is left on any disk.
+func TestClusterTrimWhileAway(t *testing.T) {
+	nodes := startCluster(t, 3, "")
+	n1, n3 := nodes[0], nodes[2]
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "16M")
+	url := "nbd://" + n1.nbd + "/disk0"
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x3d 0 16M", "-c", "flush"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
+	}
+	n3.kill(syscall.SIGKILL)
+	waitRecovered(t, n1, 2)
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "discard 0 8M", "-c", "flush"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Fatalf("qemu-io discard: %s%s", r.stdout, r.stderr)
+	}
+	if got := objectFiles(t, n3); got != 4 {
+		t.Fatalf("node 3 holds %d object files while away, want its 4 old copies", got)
+	}
+	startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	waitRecovered(t, n1, 3)
+	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "read -P 0 0 8M", "-c", "read -P 0x3d 8M 8M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Fatalf("after the node that missed the trim returned: %s%s", r.stdout, r.stderr)
+	}
+	checkAll(t, n1, "after the node that missed the trim returned")
+	// Each node ends with the 2 objects left and no tombstone.
+	waitUntil(t, 20*time.Second, func() (bool, string) {
+		var got []int
+		ok := true
+		for _, n := range nodes {
+			c := objectFiles(t, n)
+			got = append(got, c)
+			ok = ok && c == 2
+		}
+		return ok, fmt.Sprint("object files per node: ", got)
+	})
+}
