@@ -11,8 +11,8 @@ import (
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
-	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 )
 
 // Admin requests ride the node-to-node protocol as OpAdmin, so that
@@ -394,4 +394,3 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	}
 	return Check(ctx, n.net, n.views.View(), vs, nil)
 }
-
