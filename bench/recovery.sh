@@ -12,7 +12,10 @@
 #      meanwhile), then killed and restarted again with nothing changed:
 #      the time from its start until every node is recovered;
 #   4. node 4 killed, the whole VDI overwritten, node 4 restarted: the
-#      same, with what it pulled.
+#      same, with what it pulled;
+#   5. a VM's 4 KiB random reads (fio, QD8) alone, while recovery runs
+#      unthrottled, and while it runs throttled (RATE, default 64M/s per
+#      node).
 #
 # Usage: bench/recovery.sh [SIZE (default 780M)]
 # Prints one line per figure; docs/benchmarks.md has the table beside
@@ -183,6 +186,33 @@ t1=$(now)
 e3=$(epoch)
 read -r _ pulled < <(logged "recovery done" "$e3" 4)
 echo "rejoin after the VDI was overwritten: $(secs "$t0" "$t1") s, $(mib "$pulled") MiB pulled by node 4, $(rate "$pulled" "$t0" "$t1") MiB/s"
+# 5. A VM's I/O while recovery runs: fio 4 KiB random reads at QD8
+# through node 1, alone, then right after node 4 is killed (recovery
+# unthrottled), then with recovery throttled to RATE on every node.
+RATE=${RATE:-64M}
+fio_read() { # SECONDS
+	fio --name=vm --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth=8 --size="$SIZE" \
+		--time_based --runtime="$1" --output-format=json 2>/dev/null |
+		python3 -c 'import json,sys; t=sys.stdin.read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["read"]["iops"]))'
+}
+during() { # WHAT — kill node 4, measure, wait for recovery, bring it back
+	local t0 t1 iops
+	t0=$(now)
+	kill -9 "${PID[4]}"
+	wait "${PID[4]}" 2>/dev/null || true
+	iops=$(fio_read 3)
+	wait_recovered 3
+	t1=$(now)
+	echo "VM reads during recovery, $1: $iops IOPS (recovery took $(secs "$t0" "$t1") s)"
+	start_node 4
+	wait_recovered 4
+}
+echo "VM reads, no recovery: $(fio_read 3) IOPS"
+during "unthrottled"
+for i in 1 2 3; do "$OVIS" node recovery --max-rate "$RATE" -a "${L[$i]}" >/dev/null; done
+during "throttled to $RATE/s per node"
+for i in 1 2 3; do "$OVIS" node recovery --max-rate 0 -a "${L[$i]}" >/dev/null; done
+
 nbdcopy "$URI" "$TMP/back"
 cmp "$TMP/data2" "$TMP/back" && echo "the VDI reads back identical"
 "$OVIS" cluster check -a "${L[1]}" | tail -1

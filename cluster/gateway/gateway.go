@@ -549,26 +549,48 @@ func (d *Device) askOne(ctx context.Context, v *View, obj object.ID, fill func(r
 	if err != nil {
 		return false, err
 	}
+	// First only replicas whose copy is known current answer (a replica
+	// still recovering the object refuses at once, FlagCurrent); when
+	// none could, the replicas are asked again to recover it first.
 	var errs []error
-	for _, id := range nodes {
-		req := protocol.Request{Epoch: v.Epoch, Object: obj}
-		fill(&req)
-		err := d.cfg.Net.Call(ctx, v.Addr[id], &req, resp)
-		if err == nil {
-			return false, nil
+	for pass := 0; pass < 2; pass++ {
+		recovering := false
+		for _, id := range nodes {
+			req := protocol.Request{Epoch: v.Epoch, Object: obj}
+			fill(&req)
+			if pass == 0 {
+				req.Flags |= protocol.FlagCurrent
+			}
+			err := d.cfg.Net.Call(ctx, v.Addr[id], &req, resp)
+			if err == nil {
+				return false, nil
+			}
+			switch protocol.StatusOf(err) {
+			case protocol.StatusNoEnt:
+				noent = true
+				continue
+			case protocol.StatusOldEpoch, protocol.StatusNewEpoch:
+				return false, err
+			case protocol.StatusSuspect:
+				if pass == 0 {
+					recovering = true
+					continue
+				}
+			}
+			if ctx.Err() != nil {
+				return false, fmt.Errorf("gateway: vdi %s: object %s: %w", d.cfg.Name, obj, ctx.Err())
+			}
+			d.refused(id, err)
+			errs = append(errs, fmt.Errorf("node %s: %w", id, err))
 		}
-		switch protocol.StatusOf(err) {
-		case protocol.StatusNoEnt:
-			noent = true
-			continue
-		case protocol.StatusOldEpoch, protocol.StatusNewEpoch:
-			return false, err
+		if noent && !recovering {
+			// A current replica has no such object: never written.
+			return true, nil
 		}
-		if ctx.Err() != nil {
-			return false, fmt.Errorf("gateway: vdi %s: object %s: %w", d.cfg.Name, obj, ctx.Err())
+		if !recovering {
+			break
 		}
-		d.refused(id, err)
-		errs = append(errs, fmt.Errorf("node %s: %w", id, err))
+		noent = false
 	}
 	if noent {
 		return true, nil

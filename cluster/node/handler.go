@@ -41,6 +41,9 @@ type Handler struct {
 	// (see recoverer). An error refuses the request with StatusSuspect,
 	// which the gateway retries.
 	Ready func(ctx context.Context, obj object.ID, epoch uint64) error
+	// Current, when not nil, says without waiting whether obj's copy is
+	// known current in epoch (FlagCurrent).
+	Current func(obj object.ID, epoch uint64) bool
 	// Repair, when not nil, recovers a copy the store found suspect
 	// while serving a request; the request is then served again.
 	Repair func(ctx context.Context, obj object.ID, epoch uint64) error
@@ -100,6 +103,10 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			fail(resp, protocol.StatusEINVAL, err.Error())
 			return
 		}
+	}
+	if req.Flags&protocol.FlagCurrent != 0 && h.Current != nil && !h.Current(req.Object, req.Epoch) {
+		fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is not recovered here yet", req.Object))
+		return
 	}
 	if onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Ready != nil {
 		if err := h.Ready(ctx, req.Object, req.Epoch); err != nil {

@@ -245,7 +245,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.reg.Valid,
-		Ready: n.rec.ready, Repair: n.rec.repair, ListFor: n.listFor}
+		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })

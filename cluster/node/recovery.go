@@ -520,6 +520,27 @@ func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64) error {
 	return r.now(ctx, v, obj)
 }
 
+// current reports, without waiting or asking anyone, whether obj's copy
+// is known current in epoch e (the handler's Current).
+func (r *recoverer) current(obj object.ID, e uint64) bool {
+	if r.done.Load() >= e {
+		return true
+	}
+	r.mu.Lock()
+	if r.busy[obj] != nil || r.epoch != e {
+		r.mu.Unlock()
+		return false
+	}
+	if r.listed {
+		_, pending := r.pending[obj]
+		r.mu.Unlock()
+		return !pending
+	}
+	r.mu.Unlock()
+	ok, err := r.continuous(context.Background(), obj, e)
+	return err == nil && ok
+}
+
 func (r *recoverer) listedFor(e uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -107,7 +107,7 @@ type opSpec struct {
 
 var ops = [...]opSpec{
 	OpHello:       {name: "hello", payload: true, maxPayload: MaxHelloPayload},
-	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery},
+	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
 	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync, write: true},
 	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap, write: true},
 	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync, write: true},
@@ -117,7 +117,7 @@ var ops = [...]opSpec{
 	OpStat:        {name: "stat", flags: FlagRecovery},
 	OpList:        {name: "list", bounds: boundsList},
 	OpChecksum:    {name: "checksum", bounds: boundsObject},
-	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery},
+	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
 	OpAdmin:       {name: "admin", payload: true},
 	OpListFor:     {name: "list-for", payload: true, maxPayload: MaxHelloPayload, bounds: boundsCursor},
 }
@@ -151,6 +151,12 @@ const (
 	// holds it, suspect or not, without recovering it first: recovery
 	// reads the source it chose, as it is.
 	FlagRecovery Flags = 1 << 2
+	// FlagCurrent asks OpRead and OpExtents to be served only from a
+	// copy already known current, and refused with StatusSuspect at once
+	// otherwise, instead of recovering the copy first: the gateway then
+	// reads another replica, and comes back without the flag only when
+	// none is current.
+	FlagCurrent Flags = 1 << 3
 
 	// flagPayload is set by the encoder when Length bytes of payload
 	// follow the header. It frames the stream: a receiver can skip the
@@ -158,7 +164,7 @@ const (
 	flagPayload Flags = 1 << 15
 
 	// knownFlags are the flags this version defines for callers.
-	knownFlags = FlagSync | FlagNoUnmap | FlagRecovery
+	knownFlags = FlagSync | FlagNoUnmap | FlagRecovery | FlagCurrent
 )
 
 // String lists the flags by name, "sync|no-unmap", or "0".
@@ -181,6 +187,9 @@ func (f Flags) String() string {
 	}
 	if f&FlagRecovery != 0 {
 		add("recovery")
+	}
+	if f&FlagCurrent != 0 {
+		add("current")
 	}
 	if rest := f &^ knownFlags; rest != 0 {
 		add(fmt.Sprintf("%#x", uint16(rest)))
