@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -36,6 +37,11 @@ type EmbedConfig struct {
 	// Logger, when not nil, receives etcd's warnings and errors.
 	// Nil discards etcd's logs.
 	Logger *slog.Logger
+	// TLSCert, TLSKey and TLSCA, when all set, make etcd serve its client
+	// and peer URLs (which must then be https://) with mutual TLS: it
+	// presents the certificate and takes only clients and peers whose
+	// certificates the CA signed.
+	TLSCert, TLSKey, TLSCA string
 	// CompactionRetention is how much history etcd keeps: it compacts
 	// periodically, keeping this much time of revisions. The default is
 	// one hour; a negative value turns compaction off.
@@ -92,6 +98,16 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	ec.ListenPeerUrls = []url.URL{*purl}
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != "" {
+		if cfg.TLSCert == "" || cfg.TLSKey == "" || cfg.TLSCA == "" {
+			return nil, errors.New("membership: embedded etcd: TLS needs a certificate, its key and the CA, all three")
+		}
+		if curl.Scheme != "https" || purl.Scheme != "https" {
+			return nil, fmt.Errorf("membership: embedded etcd: with TLS the client and peer URLs must be https:// (have %s and %s)", cfg.ClientURL, cfg.PeerURL)
+		}
+		info := transport.TLSInfo{CertFile: cfg.TLSCert, KeyFile: cfg.TLSKey, TrustedCAFile: cfg.TLSCA, ClientCertAuth: true}
+		ec.ClientTLSInfo, ec.PeerTLSInfo = info, info
+	}
 	if cfg.CompactionRetention > 0 {
 		ec.AutoCompactionMode = embed.CompactorModePeriodic
 		ec.AutoCompactionRetention = cfg.CompactionRetention.String()

@@ -175,6 +175,17 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		if ec.PeerURL == "" {
 			ec.PeerURL = "http://127.0.0.1:2380"
 		}
+		if cfg.TLSCert != "" && cfg.TLSKey != "" && cfg.TLSCA != "" {
+			// With TLS the embedded etcd takes the node's certificates
+			// too: its clients (every node) and peers must present one
+			// the CA signed. Its URLs become https.
+			ec.TLSCert, ec.TLSKey, ec.TLSCA = cfg.TLSCert, cfg.TLSKey, cfg.TLSCA
+			ec.ClientURL = toHTTPS(ec.ClientURL)
+			ec.PeerURL = toHTTPS(ec.PeerURL)
+			if ec.AdvertiseClientURL != "" {
+				ec.AdvertiseClientURL = toHTTPS(ec.AdvertiseClientURL)
+			}
+		}
 		if n.embed, err = membership.StartEmbedded(ctx, ec); err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}
@@ -193,7 +204,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, errors.New("node: TLS needs a certificate, its key and the CA, all three")
 	}
 	mcfg := membership.Config{Endpoints: endpoints, Logger: n.log}
-	if clientTLS != nil && len(cfg.Etcd) > 0 && strings.HasPrefix(cfg.Etcd[0], "https://") {
+	if clientTLS != nil && len(endpoints) > 0 && strings.HasPrefix(endpoints[0], "https://") {
 		mcfg.TLS = clientTLS
 	}
 	if n.mc, err = membership.Connect(ctx, mcfg); err != nil {
@@ -297,6 +308,14 @@ func (n *Node) fenceFromLocks(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// toHTTPS turns an http:// URL into the https:// one.
+func toHTTPS(u string) string {
+	if rest, ok := strings.CutPrefix(u, "http://"); ok {
+		return "https://" + rest
+	}
+	return u
 }
 
 // spawn runs f in a goroutine that Close waits for, unless the node has

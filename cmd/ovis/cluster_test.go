@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -788,6 +789,16 @@ func TestClusterTLS(t *testing.T) {
 	}
 	if r := n1.admin(t, "cluster", "format"); r.code == 0 {
 		t.Fatalf("an admin command without TLS was served: %s", r.stdout)
+	}
+	// The embedded etcd serves mutual TLS too: https, and no answer to a
+	// client without a certificate the CA signed.
+	if !strings.HasPrefix(n1.etcd, "https://") {
+		t.Fatalf("with TLS, node 1's embedded etcd is at %s, want https", n1.etcd)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if resp, err := hc.Get(n1.etcd + "/version"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the embedded etcd answered a client without a certificate: %s", resp.Status)
 	}
 	waitUntil(t, 20*time.Second, func() (bool, string) {
 		r := admin(n1, "node", "list", "--output", "json")
