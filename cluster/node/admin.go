@@ -289,6 +289,12 @@ func (n *Node) self() NodeStatus {
 	s := NodeStatus{ID: n.id, Addr: n.Addr(), Zone: n.cfg.Zone, Weight: n.cfg.Weight, State: "up", Epoch: n.views.Epoch(), Recovery: n.rec.Stats()}
 	if u, err := n.st.Usage(); err == nil {
 		s.Objects, s.Allocated, s.Free = u.Objects, u.Allocated, u.Free
+		if u.Free-(1<<object.DefaultSizeShift) < u.Reserve {
+			// A new object of the default size would be refused
+			// (ENOSPC), and recovery pulls none here, until space is
+			// freed.
+			s.State = "full"
+		}
 	} else {
 		s.Error = err.Error()
 	}

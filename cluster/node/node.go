@@ -88,6 +88,10 @@ type Config struct {
 	// certificate and takes peers whose certificates the CA signed. The
 	// same client certificate is used for an external etcd at https URLs.
 	TLSCert, TLSKey, TLSCA string
+	// Reserve is the space kept free on Dir's file system: writes that
+	// would allocate into it get ENOSPC, and recovery pulls nothing that
+	// would.
+	Reserve int64
 	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
 	// is about 2 s).
 	LeaseTTL time.Duration
@@ -162,7 +166,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.log = n.log.With("node", n.id)
 	n.m = NewMetrics(cfg.Registry)
-	if n.st, err = store.Open(filepath.Join(cfg.Dir, "objects"), store.Options{Logger: n.log}); err != nil {
+	if n.st, err = store.Open(filepath.Join(cfg.Dir, "objects"), store.Options{Logger: n.log, Reserve: cfg.Reserve}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	endpoints := cfg.Etcd

@@ -703,6 +703,12 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 		if err != nil {
 			return err
 		}
+		if err := r.n.st.CheckSpace(int64(len(data))); err != nil {
+			// Recovery never fills a disk past its reserve: the object
+			// stays pending (its other copies serve it) until space is
+			// freed or the placement moves it.
+			return fmt.Errorf("object %s: recovery: %w", obj, err)
+		}
 		if err := putIfNewer(r.n.st, obj, ver, data); err != nil {
 			return fmt.Errorf("object %s: storing the copy from %s: %w", obj, st.Source, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 
 	"github.com/ovis-storage/ovis/cluster/object"
 )
@@ -31,9 +32,14 @@ func (e *Error) Error() string {
 // Is reports whether target is an *Error of the same status, so that
 // errors.Is(err, &Error{Status: StatusOldEpoch}) tests for a status
 // whatever the op and object.
+//
+// A StatusENOSPC error is also syscall.ENOSPC, so that a full replica's
+// refusal reaches an NBD client as ENOSPC, not EIO.
 func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && t.Status == e.Status
+	if t, ok := target.(*Error); ok {
+		return t.Status == e.Status
+	}
+	return e.Status == StatusENOSPC && target == syscall.ENOSPC
 }
 
 // newError builds the Error of a response to req, cleaning the message.

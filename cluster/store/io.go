@@ -156,6 +156,11 @@ func (s *Store) syncObject(a *access) error {
 
 // checkSpace refuses an allocation of n bytes that would leave less than
 // the reserve free.
+// CheckSpace returns an error wrapping ErrNoSpace when n more bytes
+// would leave less than Options.Reserve free: for recovery, which must
+// not fill a disk past its reserve with copies it pulls.
+func (s *Store) CheckSpace(n int64) error { return s.checkSpace(n) }
+
 func (s *Store) checkSpace(n int64) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.objDir, &st); err != nil {

@@ -124,6 +124,7 @@ func newNodeCmd() *cobra.Command {
 		metrics  string
 		logLevel string
 		tf       tlsFlags
+		reserve  string
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -142,6 +143,11 @@ func newNodeCmd() *cobra.Command {
 			cfg.Logger = log
 			cfg.Cache = cache
 			cfg.TLSCert, cfg.TLSKey, cfg.TLSCA = tf.cert, tf.key, tf.ca
+			r, err := image.ParseSize(reserve)
+			if err != nil {
+				return fmt.Errorf("--reserve %q: %w", reserve, err)
+			}
+			cfg.Reserve = int64(r)
 			if etcd != "" {
 				cfg.Etcd = strings.Split(etcd, ",")
 			}
@@ -196,6 +202,7 @@ func newNodeCmd() *cobra.Command {
 	f.Uint32Var(&cfg.Weight, "weight", 1, "share of the objects, relative to the other nodes")
 	f.StringVar(&cfg.NBD, "nbd", "", "serve the VDIs over NBD on this address (HOST:PORT)")
 	f.Var(&cache, "cache", "the gateway's cache mode: writeback, writethrough, directsync, none or unsafe")
+	f.StringVar(&reserve, "reserve", "256M", "space kept free on --dir's file system: writes and recovery that would use it are refused with ENOSPC")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 5*time.Second, "the membership lease: a node that cannot renew it this long stops serving")
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -506,4 +507,68 @@ func TestClusterTrimWhileAway(t *testing.T) {
 		}
 		return ok, fmt.Sprint("object files per node: ", got)
 	})
+}
+
+// TestClusterFullDisk: one node's store sits on a 40 MiB file system
+// with 16 MiB reserved. Writes that it cannot take fail with ENOSPC at
+// the client and are never acknowledged with its copy missing; node list
+// says the node is full; the writes that were acknowledged read back.
+func TestClusterFullDisk(t *testing.T) {
+	base := t.TempDir()
+	small := filepath.Join(base, "small")
+	if err := os.MkdirAll(small, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=40m"); err != nil {
+		t.Fatalf("mounting a small tmpfs for the full node (the suite runs as root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(small, syscall.MNT_DETACH) })
+	n1 := startClusterNode(t, filepath.Join(base, "n1"), "")
+	n2 := startClusterNode(t, filepath.Join(base, "n2"), n1.etcd)
+	n3 := startClusterNode(t, small, n1.etcd, "--reserve", "16M")
+	waitRecovered(t, n1, 3)
+	dir := t.TempDir()
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "64M")
+	var cmds []string
+	for i := range 16 {
+		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0x%02x %dM 4M", 0x40+i, 4*i))
+	}
+	r := runQemuIO(t, dir, append([]string{"-f", "raw", "nbd://" + n1.nbd + "/disk0"}, cmds...)...)
+	okWrites := strings.Count(r.stdout, "wrote 4194304/4194304")
+	failed := strings.Count(r.stdout+r.stderr, "No space left on device")
+	t.Logf("%d writes acknowledged, %d refused with ENOSPC", okWrites, failed)
+	if okWrites == 0 || failed == 0 || okWrites+failed != 16 {
+		t.Fatalf("want some writes acknowledged and the rest refused with ENOSPC:\n%s%s", r.stdout, r.stderr)
+	}
+	// Acknowledged writes are whole, on every copy: read each back
+	// through another node.
+	var reads []string
+	for i := range 16 {
+		reads = append(reads, "-c", fmt.Sprintf("read -P 0x%02x %dM 4M", 0x40+i, 4*i))
+	}
+	rr := runQemuIO(t, dir, append([]string{"-r", "-f", "raw", "nbd://" + n2.nbd + "/disk0"}, reads...)...)
+	if got := strings.Count(rr.stdout, "read 4194304/4194304"); got < okWrites || strings.Count(rr.stdout, "Pattern verification failed") > failed {
+		t.Errorf("of %d acknowledged writes, %d read back:\n%s", okWrites, got, rr.stdout)
+	}
+	var list []struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
+	}
+	lr := n1.mustAdmin(t, "node", "list", "--output", "json")
+	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
+		t.Fatal(err)
+	}
+	full := 0
+	for _, n := range list {
+		if n.State == "full" {
+			full++
+		}
+	}
+	if full != 1 {
+		t.Errorf("node list shows %d full nodes, want 1 (node 3):\n%s", full, lr.stdout)
+	}
+	if !strings.Contains(lr.stdout, n1ID(t, n3)) {
+		t.Errorf("node list does not list node 3: %s", lr.stdout)
+	}
 }
