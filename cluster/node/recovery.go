@@ -71,6 +71,8 @@ type recoverer struct {
 	paused  bool
 	resumed chan struct{}
 	next    time.Time // when the throttle lets the next pull start
+
+	clean uint64 // the last epoch whose moved copies were all dropped
 }
 
 // RecoveryStats is what node list shows of a node's recovery.
@@ -82,6 +84,7 @@ type RecoveryStats struct {
 	Recovered int64  `json:"recovered"` // objects recovered in this run
 	Bytes     int64  `json:"bytes"`     // bytes pulled in this run
 	Dropped   int64  `json:"dropped"`   // copies dropped in this run
+	Clean     uint64 `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
 	Paused    bool   `json:"paused"`    // background pulls paused
 	MaxRate   int64  `json:"max_rate"`  // bytes per second, 0 for no bound
 }
@@ -99,7 +102,7 @@ func (r *recoverer) Stats() RecoveryStats {
 	defer r.mu.Unlock()
 	s := r.stats
 	s.Epoch, s.Done, s.Listed, s.Pending = r.epoch, r.done.Load(), r.listed, len(r.pending)
-	s.Paused, s.MaxRate = r.paused, r.maxRate
+	s.Paused, s.MaxRate, s.Clean = r.paused, r.maxRate, r.clean
 	return s
 }
 
@@ -849,6 +852,9 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 					return err
 				}
 				clean = true
+				r.mu.Lock()
+				r.clean = v.Epoch
+				r.mu.Unlock()
 			}
 			// Tombstones wait for the other nodes to be clean too; look
 			// again now and then until none is left or the epoch moves.

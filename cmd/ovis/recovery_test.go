@@ -58,8 +58,9 @@ func startFio(t *testing.T, dir string, args ...string) (wait func()) {
 	}
 }
 
-// waitRecovered waits until every node n lists is up and has recovered
-// its epoch, and there are want of them.
+// waitRecovered waits until every node n lists is up, has recovered its
+// epoch and dropped the copies it no longer holds, and there are want of
+// them.
 func waitRecovered(t *testing.T, n *clusterNode, want int) {
 	t.Helper()
 	waitUntil(t, 60*time.Second, func() (bool, string) {
@@ -68,14 +69,15 @@ func waitRecovered(t *testing.T, n *clusterNode, want int) {
 			State    string `json:"state"`
 			Epoch    uint64 `json:"epoch"`
 			Recovery struct {
-				Done uint64 `json:"done"`
+				Done  uint64 `json:"done"`
+				Clean uint64 `json:"clean"`
 			} `json:"recovery"`
 		}
 		if json.Unmarshal([]byte(r.stdout), &ns) != nil || len(ns) != want {
 			return false, r.stdout + r.stderr
 		}
 		for _, x := range ns {
-			if x.State != "up" || x.Recovery.Done < x.Epoch {
+			if x.State != "up" || x.Recovery.Done < x.Epoch || x.Recovery.Clean < x.Epoch {
 				return false, r.stdout
 			}
 		}
