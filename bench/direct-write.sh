@@ -86,7 +86,8 @@ bench_run() {
 	native) args=(-t writethrough) ;;
 	esac
 	local out
-	out=$(qemu-img bench -w -c "$count" -d 1 -s "$size" -f raw "${args[@]}" "$uri" 2>&1)
+	out=$(qemu-img bench -w -c "$count" -d 1 -s "$size" -f raw "${args[@]}" "$uri" 2>&1) ||
+		echo "qemu-img bench $mode $size x$count on $uri failed: $out" >&2
 	python3 -c "
 import re,sys
 m=re.search(r'Run completed in ([0-9.]+) seconds', sys.argv[1])
