@@ -7,16 +7,27 @@
 # hosts (the kernel here has no netem).
 #
 # Usage: bench/direct-write.sh [RUNS (default 5)]
-#   DELAYS="0 100us 1ms 25ms"  one-way delays to run (each on both paths
-#                              in turn: PATHS="client nodes")
+#   DELAYS="0 100us 1ms 25ms"  one-way delays to run, on each path of PATHS
+#   PATHS="local client nodes"
+#                              local: the upper limit, one raw file on
+#                                     tmpfs served by `ovis nbd` (no
+#                                     replicas), the delay on the client's
+#                                     path to it;
+#                              client: qemu-img <-> the gateway;
+#                              nodes: every node <-> node path (the
+#                                     client on the gateway's host);
+#                              both: client and nodes at once
 #   SIZES="1M 4k"
+#   CSV=FILE                   also append every row to FILE (for
+#                              bench/plot-direct-write.sh)
 # Prints, per size, path and delay, the median MB/s of each mode over RUNS
 # runs (interleaved), the spread, and the ratios native/emulated and
 # native/writeback.
 source "$(dirname "$0")/lib.sh"
 RUNS=${1:-5}
 DELAYS=${DELAYS:-"0 1ms"}
-PATHS=${PATHS:-"client nodes"}
+PATHS=${PATHS:-"local client nodes"}
+CSV=${CSV:-}
 SIZES=${SIZES:-"1M 4k"}
 need_tools
 build_ovis
@@ -44,6 +55,22 @@ start_cluster() {
 	start_nodes dw 1G
 }
 
+# start_local — the upper limit: one raw file on tmpfs, as big as the
+# VDI, served by `ovis nbd` over TCP on loopback as export dw.
+start_local() {
+	NBD=$(port)
+	qemu-img create -q -f raw "$TMP/local.raw" 1G
+	"$OVIS" nbd -t -b 127.0.0.1 -p "$NBD" -x dw -f raw "$TMP/local.raw" 2>"$TMP/local.log" &
+	PIDS+=($!)
+	for _ in $(seq 200); do
+		python3 -c "import socket,sys; socket.create_connection(('127.0.0.1',$NBD),0.2)" 2>/dev/null && return 0
+		sleep 0.05
+	done
+	echo "ovis nbd did not start:" >&2
+	cat "$TMP/local.log" >&2
+	return 1
+}
+
 stop_cluster() {
 	stop_nodes
 	rm -rf "$TMP"
@@ -59,7 +86,8 @@ bench_run() {
 	native) args=(-t writethrough) ;;
 	esac
 	local out
-	out=$(qemu-img bench -w -c "$count" -d 1 -s "$size" -f raw "${args[@]}" "$uri" 2>&1)
+	out=$(qemu-img bench -w -c "$count" -d 1 -s "$size" -f raw "${args[@]}" "$uri" 2>&1) ||
+		echo "qemu-img bench $mode $size x$count on $uri failed: $out" >&2
 	python3 -c "
 import re,sys
 m=re.search(r'Run completed in ([0-9.]+) seconds', sys.argv[1])
@@ -69,7 +97,10 @@ print(f'{int(sys.argv[3])*size/float(m.group(1))/1e6:.4g}' if m else 'n/a')" "$o
 
 # median3 N... — the median, to three significant digits (4 KiB writes at
 # a 50 ms round trip run at 0.08 MB/s).
-median3() { printf '%s\n' "$@" | python3 -c 'import sys; v=sorted(float(l) for l in sys.stdin if l.strip() and l.strip() != "n/a"); n=len(v); print("n/a" if not n else f"{(v[n//2] if n%2 else (v[n//2-1]+v[n//2])/2):.3g}")'; }
+median3() { printf '%s\n' "$@" | python3 -c 'import sys; v=sorted(float(l) for l in sys.stdin if l.strip() and l.strip() != "n/a"); n=len(v); m=(v[n//2] if n%2 else (v[n//2-1]+v[n//2])/2) if n else 0; print("n/a" if not n else f"{m:.3g}" if m < 1000 else f"{m:.0f}")'; }
+
+# spread N... — min-max of the runs, for the CSV.
+spread() { printf '%s\n' "$@" | python3 -c 'import sys; v=sorted(float(l) for l in sys.stdin if l.strip() and l.strip() != "n/a"); g=lambda x: f"{x:.3g}" if x < 1000 else f"{x:.0f}"; print(f"{g(v[0])}-{g(v[-1])}" if v else "n/a")'; }
 
 count_for() { # SIZE DELAY
 	local size=$1 d=$2
@@ -82,14 +113,20 @@ count_for() { # SIZE DELAY
 	esac
 }
 
+[ -z "$CSV" ] || [ -s "$CSV" ] || echo "size,path,delay,count,writeback,emulated,native,wb_spread,emu_spread,nat_spread" >"$CSV"
 echo "# $(date -Is) ovis $(git -C "$(dirname "$0")/.." rev-parse --short HEAD); 3 nodes, copies 3, tmpfs; qemu-img bench -w -d 1; $RUNS runs per mode, interleaved; load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$BENCH_DIR/delayproxy" -selftest -delay 0 | sed 's/^/# proxy: /'
 printf '%-5s %-7s %-6s %5s %10s %10s %10s %8s %8s  %s\n' size path delay count writeback emulated native nat/emu nat/wb "runs (wb; emu; nat)"
 for path in $PATHS; do
 	for d in $DELAYS; do
-		if [ "$path" = nodes ]; then start_cluster "$d"; else start_cluster 0; fi
+		case $path in
+		local) start_local ;;
+		nodes | both) start_cluster "$d" ;;
+		client) start_cluster 0 ;;
+		*) echo "unknown path $path (want local, client, nodes or both)" >&2; exit 2 ;;
+		esac
 		uri="nbd://127.0.0.1:$NBD/dw"
-		if [ "$path" = client ] && [ "$d" != 0 ]; then
+		if [ "$path" != nodes ] && [ "$d" != 0 ]; then
 			C=127.0.0.1:$(port)
 			proxy "$C" "127.0.0.1:$NBD" "$d"
 			sleep 0.2
@@ -106,6 +143,7 @@ for path in $PATHS; do
 			mw=$(median3 "${wb[@]}"); me=$(median3 "${em[@]}"); mn=$(median3 "${na[@]}")
 			printf '%-5s %-7s %-6s %5s %10s %10s %10s %8s %8s  %s; %s; %s\n' "$size" "$path" "$d" "$n" "$mw" "$me" "$mn" \
 				"$(ratio "$mn" "$me")" "$(ratio "$mn" "$mw")" "${wb[*]}" "${em[*]}" "${na[*]}"
+			[ -z "$CSV" ] || echo "$size,$path,$d,$n,$mw,$me,$mn,$(spread "${wb[@]}"),$(spread "${em[@]}"),$(spread "${na[@]}")" >>"$CSV"
 		done
 		stop_cluster
 	done

@@ -48,7 +48,7 @@ func TestValidateTable(t *testing.T) {
 			}
 			size, _ := strconv.ParseUint(kv["size"], 10, 64)
 			contexts, _ := strconv.Atoi(kv["contexts"])
-			e := &Export{ReadOnly: kv["readonly"] == "true"}
+			e := &Export{ReadOnly: kv["readonly"] == "true", NoFUA: kv["nofua"] == "true"}
 			sess = session{size: size, flags: exportFlags(e, kv["structured"] == "true"), maxPayload: DefaultMaxPayload, contexts: contexts}
 			continue
 		}

@@ -54,6 +54,13 @@ type Export struct {
 	// as much as a read: a network one, where the lookup is a round trip
 	// of its own. BLOCK_STATUS is unaffected.
 	NoHoleMap bool
+	// NoFUA leaves NBD_FLAG_SEND_FUA out, so that clients send a write
+	// and then a flush where they would send a FUA write (QEMU does;
+	// a FUA flag on a command is then refused with EINVAL). It is a
+	// diagnostic, for measuring emulated writethrough against native FUA
+	// with a guest whose client is QEMU's. The default (false)
+	// advertises FUA.
+	NoFUA bool
 }
 
 // ExportBitmap is a dirty bitmap of an export's device.
@@ -65,12 +72,16 @@ type ExportBitmap struct {
 }
 
 // exportFlags is the transmission flags advertised for e. HAS_FLAGS,
-// SEND_FLUSH, SEND_FUA and SEND_CACHE are always set; a writable export
+// SEND_FLUSH and SEND_CACHE are always set, SEND_FUA unless e.NoFUA; a
+// writable export
 // adds SEND_TRIM, SEND_WRITE_ZEROES and SEND_FAST_ZERO, a read-only one
 // READ_ONLY; SEND_DF needs structured replies; CAN_MULTI_CONN only when
 // configured.
 func exportFlags(e *Export, structured bool) transmissionFlags {
 	f := flagHasFlags | flagSendFlush | flagSendFUA | flagSendCache
+	if e.NoFUA {
+		f &^= flagSendFUA
+	}
 	if e.ReadOnly {
 		f |= flagReadOnly
 	} else {

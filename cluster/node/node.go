@@ -83,6 +83,12 @@ type Config struct {
 	DefaultVDI string
 	// Cache is the gateway's cache mode (ovis nbd's --cache).
 	Cache block.CacheMode
+	// NBDNoFUA serves the VDIs without advertising FUA, so that a client
+	// with its write cache off sends each write and then a flush (QEMU's
+	// emulated writethrough) instead of FUA writes. A diagnostic, for
+	// bench/guest-dd.sh's comparison of the two; the default (false)
+	// advertises FUA.
+	NBDNoFUA bool
 	// TLSCert, TLSKey and TLSCA, when all set, make every node-to-node
 	// connection (and admin command) mutual TLS: the node presents the
 	// certificate and takes peers whose certificates the CA signed. The

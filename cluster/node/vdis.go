@@ -107,7 +107,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		return nil, err
 	}
 	o = &openVDI{vdi: v, dev: dev, lock: lk, holder: holder, rev: rev}
-	o.exp = nbd.Export{Name: v.Name, Device: export.WithCacheMode(dev, r.n.cfg.Cache), ReadOnly: lk == nil, MultiConn: true, NoHoleMap: true}
+	o.exp = nbd.Export{Name: v.Name, Device: export.WithCacheMode(dev, r.n.cfg.Cache), ReadOnly: lk == nil, MultiConn: true, NoHoleMap: true, NoFUA: r.n.cfg.NBDNoFUA}
 	if lk == nil {
 		o.exp.Description = "read-only: locked by " + holder
 	}

@@ -203,6 +203,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&cfg.NBD, "nbd", "", "serve the VDIs over NBD on this address (HOST:PORT)")
 	f.Var(&cache, "cache", "the gateway's cache mode: writeback, writethrough, directsync, none or unsafe")
 	f.StringVar(&reserve, "reserve", "256M", "space kept free on --dir's file system: writes and recovery that would use it are refused with ENOSPC")
+	f.BoolVar(&cfg.NBDNoFUA, "nbd-no-fua", false, "diagnostic: serve VDIs without advertising FUA, so that a client with its write cache off sends write + flush (emulated writethrough; for bench/guest-dd.sh)")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 5*time.Second, "the membership lease: a node that cannot renew it this long stops serving")
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
