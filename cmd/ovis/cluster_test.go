@@ -546,29 +546,20 @@ func TestClusterNodeLeaveRecovers(t *testing.T) {
 	// Recovery ends on every node, and then each object has its two
 	// copies on the three nodes left, identical: the copies that were on
 	// node 4 were made again, none is missing and none is extra.
-	waitUntil(t, 30*time.Second, func() (bool, string) {
-		r := n1.admin(t, "node", "list")
-		return strings.Count(r.stdout, "\tdone\t")+strings.Count(r.stdout, " done ") == 3, r.stdout
-	})
+	waitRecovered(t, n1, 3)
 	r := n1.admin(t, "cluster", "check")
 	if r.code != 0 || !strings.Contains(r.stdout, "16 objects, 32 copies compared, 0 problems") {
 		t.Errorf("cluster check after a node left and recovery ran: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// The surviving nodes hold 32 copies between them: what node 4 held
 	// was re-replicated, and nothing more.
-	var list []struct {
-		Objects int `json:"objects"`
-	}
-	lr := n1.mustAdmin(t, "node", "list", "--output", "json")
-	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
-		t.Fatal(err, lr.stdout)
-	}
+	held := nodeObjects(t, n1)
 	total := 0
-	for _, n := range list {
-		total += n.Objects
+	for _, c := range held {
+		total += c
 	}
 	if total != 32 {
-		t.Errorf("the three nodes hold %d copies, want 32 (16 objects × 2): %s", total, lr.stdout)
+		t.Errorf("the three nodes hold %d copies, want 32 (16 objects × 2): %v", total, held)
 	}
 }
 

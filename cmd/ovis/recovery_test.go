@@ -140,20 +140,13 @@ func TestClusterKillRestart(t *testing.T) {
 
 	// The objects are where the placement says, three copies each, and
 	// the nodes left hold nothing more.
-	var list []struct {
-		ID      string `json:"id"`
-		Objects int    `json:"objects"`
-	}
-	lr := n1.mustAdmin(t, "node", "list", "--output", "json")
-	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
-		t.Fatal(err, lr.stdout)
-	}
+	held := nodeObjects(t, n1)
 	total := 0
-	for _, n := range list {
-		total += n.Objects
+	for _, c := range held {
+		total += c
 	}
 	if total != 3*8 {
-		t.Errorf("the nodes hold %d copies, want %d (8 objects × 3): %s", total, 3*8, lr.stdout)
+		t.Errorf("the nodes hold %d copies, want %d (8 objects × 3): %v", total, 3*8, held)
 	}
 }
 
