@@ -202,6 +202,7 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 		mu      sync.Mutex
 		next    = r.offset
 		issued  int
+		beyond  bool  // a request past the end was handed out; guarded by mu
 		first   error // guarded by mu
 		flushes sync.WaitGroup
 		done    atomic.Int64
@@ -224,11 +225,18 @@ func (r *benchRun) run(ctx context.Context, d block.Device, size int64) error {
 	take := func(limit int) (int64, bool) {
 		mu.Lock()
 		defer mu.Unlock()
-		if issued >= limit || ctx.Err() != nil {
+		if issued >= limit || ctx.Err() != nil || beyond {
 			return 0, false
 		}
 		issued++
 		off := next
+		if off+r.bufSize > size {
+			// qemu-img's submission of a request past the end fails at
+			// once, before it submits another: hand out none after it,
+			// whatever the scheduling (another worker's request would
+			// change bytes qemu-img leaves alone).
+			beyond = true
+		}
 		next += r.step
 		if size <= r.bufSize {
 			next = 0
