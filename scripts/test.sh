@@ -18,7 +18,9 @@ done
 # The guest tests (internal/guest, cmd/ovis/guest_test.go) boot Debian's
 # cloud kernel with busybox and the host's e2fsprogs in an initramfs.
 compgen -G '/boot/vmlinuz-*-cloud-amd64' >/dev/null || missing+=(linux-image-cloud-amd64)
-[ -x /bin/busybox ] || missing+=(busybox-static)
+# The static build: a dynamic /bin/busybox (Debian's busybox) would need
+# libraries the initramfs does not carry.
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
 { command -v mke2fs || [ -x /sbin/mke2fs ]; } >/dev/null 2>&1 || missing+=(e2fsprogs)
 if ((${#missing[@]})); then
 	sudo=()
