@@ -38,7 +38,8 @@ fi
 go version
 
 go vet ./...
-# The whole run takes about 14 minutes on a 2-core machine (cmd/ovis, the
-# longest package, about 13). The timeout only catches hangs: it leaves
-# room for a slow shared host.
+# The whole run takes about 15 to 20 minutes on a 2-core machine
+# (cmd/ovis, the longest package, with the cluster's fault tests and the
+# guest boots under TCG). The timeout only catches hangs: it leaves room
+# for a slow shared host.
 go test -race -timeout 30m ./...
