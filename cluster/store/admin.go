@@ -197,34 +197,9 @@ func (s *Store) install(o *obj, what string, version uint64, data []byte, tomb b
 // The unlink is not synced: a crash may bring the tombstone back, which
 // is harmless, and a later Forget deletes it again.
 func (s *Store) Forget(id object.ID, version uint64) error {
-	if err := checkRange(id, 0, 0); err != nil {
-		return err
-	}
-	if err := s.enter(); err != nil {
-		return err
-	}
-	defer s.ops.Done()
-	o := s.obj(id)
-	defer s.release(o)
-	s.takeExcl(o)
-	defer s.dropExcl(o)
-	o.mu.Lock()
-	ok := o.exists && o.tomb && !o.suspect && o.version <= version
-	o.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	s.fds.drop(id)
-	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("store: object %s: forget: %w", id, err)
-	}
-	o.mu.Lock()
-	o.exists, o.tomb, o.version = false, false, 0
-	o.hdrDone, o.hdrTomb = 0, false
-	o.syncedGen, o.createGen = o.dirtyGen, 0
-	seq := s.forgetLocked(o)
-	o.mu.Unlock()
-	return s.forgetWait(o, seq)
+	return s.unlink(id, "forget", false, func(o *obj) bool {
+		return o.exists && o.tomb && !o.suspect && o.version <= version
+	})
 }
 
 // Drop deletes this node's copy of id outright, leaving no tombstone:
@@ -235,6 +210,16 @@ func (s *Store) Forget(id object.ID, version uint64) error {
 // or for none. The directory is synced before the journal forgets the
 // copy, so that a crash never brings back as good a copy it had marked.
 func (s *Store) Drop(id object.ID, version uint64) error {
+	return s.unlink(id, "drop", true, func(o *obj) bool {
+		return o.suspect || (o.exists && o.version <= version)
+	})
+}
+
+// unlink deletes id's file, with no tombstone, when want (called under
+// o.mu) says so, while it holds the object exclusively; with syncVDI the
+// VDI directory is synced before the journal forgets the copy. Forget
+// and Drop are it with their conditions.
+func (s *Store) unlink(id object.ID, what string, syncVDI bool, want func(o *obj) bool) error {
 	if err := checkRange(id, 0, 0); err != nil {
 		return err
 	}
@@ -247,18 +232,20 @@ func (s *Store) Drop(id object.ID, version uint64) error {
 	s.takeExcl(o)
 	defer s.dropExcl(o)
 	o.mu.Lock()
-	ok := o.suspect || (o.exists && o.version <= version)
+	ok := want(o)
 	o.mu.Unlock()
 	if !ok {
 		return nil
 	}
 	s.fds.drop(id)
 	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("store: object %s: drop: %w", id, err)
+		return fmt.Errorf("store: object %s: %s: %w", id, what, err)
 	}
-	if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
-		if err := syncDir(s.vdiDir(o.v.id)); err != nil {
-			return s.failed(o, fmt.Errorf("store: object %s: drop: %w", id, err))
+	if syncVDI {
+		if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
+			if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+				return s.failed(o, fmt.Errorf("store: object %s: %s: %w", id, what, err))
+			}
 		}
 	}
 	o.mu.Lock()
