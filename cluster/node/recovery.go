@@ -63,7 +63,6 @@ type recoverer struct {
 	early   map[object.ID]bool // recovered on demand before the listing ended
 	busy    map[object.ID]chan struct{}
 	stats   RecoveryStats
-	kick    chan struct{} // a new epoch to recover
 
 	// The throttle: maxRate bytes per second (0: none), paused stops the
 	// background pulls; resumed is closed and replaced on every change.
@@ -91,7 +90,7 @@ type RecoveryStats struct {
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
 	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, early: map[object.ID]bool{},
-		busy: map[object.ID]chan struct{}{}, kick: make(chan struct{}, 1), resumed: make(chan struct{})}
+		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{})}
 	r.done.Store(done)
 	return r
 }
@@ -486,11 +485,58 @@ func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64) error {
 	if r.done.Load() >= e {
 		return nil
 	}
+	if err := r.awaitIdle(ctx, obj); err != nil {
+		return err
+	}
+	r.mu.Unlock()
+	ok, err := r.known(ctx, obj, e)
+	if err != nil || ok {
+		return err
+	}
+	v := r.n.views.View()
+	if v.Epoch != e {
+		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
+	}
+	return r.now(ctx, v, obj)
+}
+
+// current reports, without waiting or recovering, whether obj's copy is
+// known current in epoch e (the handler's Current).
+func (r *recoverer) current(obj object.ID, e uint64) bool {
+	ok, err := r.known(context.Background(), obj, e)
+	return err == nil && ok
+}
+
+// known reports whether obj's copy is known current in epoch e: the run
+// of e is done; or its listing is, and obj is not pending; or, before
+// that, the node was placed for obj in every epoch since it was last
+// current (continuous). A copy being recovered is not known current.
+func (r *recoverer) known(ctx context.Context, obj object.ID, e uint64) (bool, error) {
+	if r.done.Load() >= e {
+		return true, nil
+	}
+	r.mu.Lock()
+	busy := r.busy[obj] != nil
+	listed := r.listed && r.epoch == e
+	_, pending := r.pending[obj]
+	r.mu.Unlock()
+	switch {
+	case busy:
+		return false, nil
+	case listed:
+		return !pending, nil
+	}
+	return r.continuous(ctx, obj, e)
+}
+
+// awaitIdle waits until no recovery of obj is under way and returns with
+// r.mu held; on ctx's end it returns its error, unlocked.
+func (r *recoverer) awaitIdle(ctx context.Context, obj object.ID) error {
+	r.mu.Lock()
 	for {
-		r.mu.Lock()
 		ch := r.busy[obj]
 		if ch == nil {
-			break
+			return nil
 		}
 		r.mu.Unlock()
 		select {
@@ -498,71 +544,15 @@ func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		r.mu.Lock()
 	}
-	// r.mu is held.
-	if r.listed && r.epoch == e {
-		if _, ok := r.pending[obj]; !ok {
-			r.mu.Unlock()
-			return nil
-		}
-	}
-	r.mu.Unlock()
-	v := r.n.views.View()
-	if v.Epoch != e {
-		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
-	}
-	if !r.listedFor(e) {
-		ok, err := r.continuous(ctx, obj, e)
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-	}
-	return r.now(ctx, v, obj)
-}
-
-// current reports, without waiting or asking anyone, whether obj's copy
-// is known current in epoch e (the handler's Current).
-func (r *recoverer) current(obj object.ID, e uint64) bool {
-	if r.done.Load() >= e {
-		return true
-	}
-	r.mu.Lock()
-	if r.busy[obj] != nil || r.epoch != e {
-		r.mu.Unlock()
-		return false
-	}
-	if r.listed {
-		_, pending := r.pending[obj]
-		r.mu.Unlock()
-		return !pending
-	}
-	r.mu.Unlock()
-	ok, err := r.continuous(context.Background(), obj, e)
-	return err == nil && ok
-}
-
-func (r *recoverer) listedFor(e uint64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.listed && r.epoch == e
 }
 
 // now recovers obj on demand: its copies are stat'ed on every node of v,
 // and the decision carried out at once.
 func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) error {
-	r.mu.Lock()
-	for r.busy[obj] != nil {
-		ch := r.busy[obj]
-		r.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		r.mu.Lock()
+	if err := r.awaitIdle(ctx, obj); err != nil {
+		return err
 	}
 	ch := make(chan struct{})
 	r.busy[obj] = ch

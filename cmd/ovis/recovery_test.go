@@ -14,6 +14,15 @@ import (
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
+// mustQemuIO runs qemu-io in dir and fails the test, naming what, when
+// it exits non-zero or a command failed (a write, a read, a pattern).
+func mustQemuIO(t *testing.T, dir, what string, args ...string) {
+	t.Helper()
+	if r := runQemuIO(t, dir, args...); r.code != 0 || strings.Contains(r.stdout, "fail") {
+		t.Fatalf("%s: %s%s", what, r.stdout, r.stderr)
+	}
+}
+
 // fioVerify returns fio's arguments for a crc32c-verified random write
 // of size bytes at offset through url, paced so that it runs for a few
 // seconds (a node can be killed while it runs). verifyOnly re-reads and
@@ -184,9 +193,7 @@ func TestClusterJoinUnderLoad(t *testing.T) {
 	for i := range 512 {
 		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0x%02x %dM 4k", i%251, i))
 	}
-	if r := runQemuIO(t, dir, append([]string{"-f", "raw", url}, cmds...)...); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io", append([]string{"-f", "raw", url}, cmds...)...)
 	before := nodeObjects(t, n1)
 
 	wait := startFio(t, dir, fioVerify(url, "64M", "16M", false)...)
@@ -203,9 +210,7 @@ func TestClusterJoinUnderLoad(t *testing.T) {
 		}
 		reads = append(reads, "-c", fmt.Sprintf("read -P 0x%02x %dM 4k", i%251, i))
 	}
-	if r := runQemuIO(t, dir, append([]string{"-f", "raw", url}, reads...)...); r.code != 0 || strings.Contains(r.stdout, "fail") {
-		t.Fatalf("read back after the join: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "read back after the join", append([]string{"-f", "raw", url}, reads...)...)
 
 	after := nodeObjects(t, n1)
 	total := 0
@@ -259,9 +264,7 @@ func TestClusterDeleteWhileAway(t *testing.T) {
 		return len(got) == 3, fmt.Sprint(got)
 	})
 	checkAll(t, n1, "after the node that missed the delete came back")
-	if r := runQemuIO(t, dir, "-f", "raw", "nbd://"+n1.nbd+"/kept", "-c", "read -P 0x33 0 16M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
-		t.Fatalf("kept reads back wrong: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "kept reads back wrong", "-f", "raw", "nbd://"+n1.nbd+"/kept", "-c", "read -P 0x33 0 16M")
 	if r := n1.admin(t, "vdi", "read", "old", "0", "512"); r.code == 0 {
 		t.Errorf("the deleted VDI reads: %q", r.stdout)
 	}
@@ -279,9 +282,7 @@ func TestClusterStrict(t *testing.T) {
 	}
 	n1.mustAdmin(t, "vdi", "create", "disk0", "8M")
 	url := "nbd://" + n1.nbd + "/disk0"
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x44 0 8M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io", "-f", "raw", url, "-c", "write -P 0x44 0 8M")
 	n3.kill(syscall.SIGKILL)
 	waitRecovered(t, n1, 2)
 	r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x55 0 4k")
@@ -310,9 +311,7 @@ func TestClusterRecoveryPauseAndRate(t *testing.T) {
 	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
 	n1.mustAdmin(t, "vdi", "create", "disk0", "64M")
 	url := "nbd://" + n1.nbd + "/disk0"
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x66 0 64M"); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io", "-f", "raw", url, "-c", "write -P 0x66 0 64M")
 	for _, n := range nodes[:3] {
 		if r := n.mustAdmin(t, "node", "recovery", "--pause", "--max-rate", "8M"); !strings.Contains(r.stdout, "8 MiB/s") {
 			t.Errorf("node recovery does not show the rate: %s", r.stdout)
@@ -384,9 +383,7 @@ func TestClusterPowerLoss(t *testing.T) {
 	n1.mustAdmin(t, "vdi", "create", "disk0", "32M")
 	url := "nbd://" + n1.nbd + "/disk0"
 	// Durable: 16 MiB written and flushed, and 4 KiB FUA writes.
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x21 0 16M", "-c", "flush", "-c", "write -f -P 0x22 16M 4k", "-c", "write -f -P 0x23 20M 4k"); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io", "-f", "raw", url, "-c", "write -P 0x21 0 16M", "-c", "flush", "-c", "write -f -P 0x22 16M 4k", "-c", "write -f -P 0x23 20M 4k")
 	// Not durable: plain writes still going on when the power goes.
 	wait := startFio(t, dir, "--name=tail", "--ioengine=nbd", "--uri="+url, "--rw=randwrite", "--bs=4k", "--iodepth=4",
 		"--offset=24M", "--size=8M", "--time_based", "--runtime=30", "--rate_iops=2000")
@@ -406,9 +403,7 @@ func TestClusterPowerLoss(t *testing.T) {
 	n3 := back[0]
 	waitRecovered(t, n3, 3)
 	url = "nbd://" + n3.nbd + "/disk0"
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "read -P 0x21 0 16M", "-c", "read -P 0x22 16M 4k", "-c", "read -P 0x23 20M 4k"); r.code != 0 || strings.Contains(r.stdout, "fail") {
-		t.Fatalf("after the power loss, durable writes read back wrong: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "after the power loss, durable writes read back wrong", "-f", "raw", url, "-c", "read -P 0x21 0 16M", "-c", "read -P 0x22 16M 4k", "-c", "read -P 0x23 20M 4k")
 	checkAll(t, n3, "after the power loss")
 	for _, n := range back {
 		for _, l := range strings.Split(n.stderr.String(), "\n") {
@@ -417,9 +412,7 @@ func TestClusterPowerLoss(t *testing.T) {
 			}
 		}
 	}
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x24 24M 1M", "-c", "read -P 0x24 24M 1M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
-		t.Fatalf("writes after the power loss: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "writes after the power loss", "-f", "raw", url, "-c", "write -P 0x24 24M 1M", "-c", "read -P 0x24 24M 1M")
 }
 
 // TestClusterCheckRepair: one replica's bytes are damaged behind the
@@ -474,22 +467,16 @@ func TestClusterTrimWhileAway(t *testing.T) {
 	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
 	n1.mustAdmin(t, "vdi", "create", "disk0", "16M")
 	url := "nbd://" + n1.nbd + "/disk0"
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x3d 0 16M", "-c", "flush"); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io", "-f", "raw", url, "-c", "write -P 0x3d 0 16M", "-c", "flush")
 	n3.kill(syscall.SIGKILL)
 	waitRecovered(t, n1, 2)
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "discard 0 8M", "-c", "flush"); r.code != 0 || strings.Contains(r.stdout, "failed") {
-		t.Fatalf("qemu-io discard: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "qemu-io discard", "-f", "raw", url, "-c", "discard 0 8M", "-c", "flush")
 	if got := objectFiles(t, n3); got != 4 {
 		t.Fatalf("node 3 holds %d object files while away, want its 4 old copies", got)
 	}
 	startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
 	waitRecovered(t, n1, 3)
-	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "read -P 0 0 8M", "-c", "read -P 0x3d 8M 8M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
-		t.Fatalf("after the node that missed the trim returned: %s%s", r.stdout, r.stderr)
-	}
+	mustQemuIO(t, dir, "after the node that missed the trim returned", "-f", "raw", url, "-c", "read -P 0 0 8M", "-c", "read -P 0x3d 8M 8M")
 	checkAll(t, n1, "after the node that missed the trim returned")
 	// Each node ends with the 2 objects left and no tombstone.
 	waitUntil(t, 20*time.Second, func() (bool, string) {
