@@ -162,23 +162,28 @@ func startCluster(t *testing.T, count int, etcd string, zones ...string) []*clus
 	for i := 2; i <= count; i++ {
 		nodes = append(nodes, startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i)), etcd, extra(i)...))
 	}
-	// Every node is in the epoch.
+	waitUp(t, first, count)
+	return nodes
+}
+
+// waitUp waits until node n lists count nodes that are up: every node is
+// in the epoch.
+func waitUp(t *testing.T, n *clusterNode, count int) {
+	t.Helper()
 	waitUntil(t, 20*time.Second, func() (bool, string) {
-		r := first.admin(t, "node", "list", "--output", "json")
+		r := n.admin(t, "node", "list", "--output", "json")
 		var ns []struct {
-			ID    string `json:"id"`
 			State string `json:"state"`
 		}
 		json.Unmarshal([]byte(r.stdout), &ns)
 		up := 0
-		for _, n := range ns {
-			if n.State == "up" {
+		for _, x := range ns {
+			if x.State == "up" {
 				up++
 			}
 		}
 		return up == count, r.stdout + r.stderr
 	})
-	return nodes
 }
 
 func waitUntil(t *testing.T, d time.Duration, cond func() (bool, string)) {

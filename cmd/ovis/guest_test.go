@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/md5"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -264,18 +263,7 @@ func TestGuestClusterCacheModes(t *testing.T) {
 	// the replicas land on any three.
 	forced := startClusterNode(t, filepath.Join(t.TempDir(), "n4"), n1.etcd, "--cache", "writethrough")
 	all := append(append([]*clusterNode(nil), nodes...), forced)
-	waitUntil(t, 20*time.Second, func() (bool, string) {
-		r := n1.admin(t, "node", "list", "--output", "json")
-		var ns []struct{ State string }
-		json.Unmarshal([]byte(r.stdout), &ns)
-		up := 0
-		for _, n := range ns {
-			if n.State == "up" {
-				up++
-			}
-		}
-		return up == 4, r.stdout + r.stderr
-	})
+	waitUp(t, n1, 4)
 	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
 	const wb, wt = "write back", "write through"
 	cases := []struct {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 // TestClusterNBDNoFUA checks the diagnostic `ovis node --nbd-no-fua` that
@@ -19,18 +18,7 @@ func TestClusterNBDNoFUA(t *testing.T) {
 	n1 := nodes[0]
 	noFUA := startClusterNode(t, filepath.Join(t.TempDir(), "n4"), n1.etcd, "--nbd-no-fua")
 	all := append(append([]*clusterNode(nil), nodes...), noFUA)
-	waitUntil(t, 20*time.Second, func() (bool, string) {
-		r := n1.admin(t, "node", "list", "--output", "json")
-		var ns []struct{ State string }
-		json.Unmarshal([]byte(r.stdout), &ns)
-		up := 0
-		for _, n := range ns {
-			if n.State == "up" {
-				up++
-			}
-		}
-		return up == 4, r.stdout + r.stderr
-	})
+	waitUp(t, n1, 4)
 	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
 	const writes, copies = 20, 3
 	cases := []struct {
