@@ -246,7 +246,7 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 }
 
 func infoOf(in store.Info) protocol.ObjectInfo {
-	return protocol.ObjectInfo{ID: in.ID, Version: in.Version, Allocated: in.Allocated, Suspect: in.Suspect, Tombstone: infoTombstone(in)}
+	return protocol.ObjectInfo{ID: in.ID, Version: in.Version, Allocated: in.Allocated, Suspect: in.Suspect, Tombstone: in.Tombstone}
 }
 
 // checkRange refuses a range outside any object before the store sees it.

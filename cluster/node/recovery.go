@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/recovery"
@@ -256,7 +257,7 @@ func (r *recoverer) gather(ctx context.Context, v *gateway.View) (map[object.ID]
 			return nil, err
 		}
 		if placed {
-			held[in.ID] = append(held[in.ID], recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: infoTombstone(in)})
+			held[in.ID] = append(held[in.ID], recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
 		}
 	}
 	ids := make([]string, 0, len(v.Addr))
@@ -369,7 +370,7 @@ var errNoVDI = errors.New("no such VDI")
 func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID) ([]string, error) {
 	vd, err := r.a.vdi(ctx, obj.VDI())
 	if err != nil {
-		if isNotFound(err) {
+		if errors.Is(err, membership.ErrNoVDI) {
 			return nil, fmt.Errorf("object %s: %w", obj, errNoVDI)
 		}
 		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
@@ -595,7 +596,7 @@ func (r *recoverer) repair(ctx context.Context, obj object.ID, e uint64) error {
 func (r *recoverer) statAll(ctx context.Context, v *gateway.View, obj object.ID) ([]recovery.Copy, error) {
 	var copies []recovery.Copy
 	if in, err := r.n.st.Stat(obj); err == nil {
-		copies = append(copies, recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: infoTombstone(in)})
+		copies = append(copies, recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("object %s: %w", obj, err)
 	}
@@ -649,7 +650,7 @@ func (r *recoverer) statAll(ctx context.Context, v *gateway.View, obj object.ID)
 func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bool, error) {
 	vd, err := r.a.vdi(ctx, obj.VDI())
 	if err != nil {
-		if isNotFound(err) {
+		if errors.Is(err, membership.ErrNoVDI) {
 			return true, nil // no VDI: nothing to serve, nothing to recover
 		}
 		return false, fmt.Errorf("object %s: its VDI: %w", obj, err)

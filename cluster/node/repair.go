@@ -132,7 +132,7 @@ func (n *Node) repairCmd(ctx context.Context, ar AdminRequest) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		if err := replaceCopy(n.st, obj, ver, data); err != nil {
+		if err := n.st.Replace(obj, ver, data); err != nil {
 			return "", fmt.Errorf("object %s: %w", obj, err)
 		}
 		return "replaced", nil

@@ -3,16 +3,14 @@ package node
 import (
 	"errors"
 
-	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/store"
 )
 
-// What recovery needs of the store, in one place.
-
-func isNotFound(err error) bool { return errors.Is(err, membership.ErrNoVDI) }
-
-func infoTombstone(in store.Info) bool { return in.Tombstone }
+// What recovery does to the store beyond its plain calls: an installed
+// copy or tombstone that is not newer than the local one is no error
+// (the local copy is current), and a copy is dropped at the version it
+// was seen at.
 
 // putIfNewer installs a copy unless the local one is already at least
 // as new.
@@ -43,10 +41,4 @@ func dropCopy(st *store.Store, id object.ID) error {
 		return err
 	}
 	return st.Drop(id, in.Version)
-}
-
-// replaceCopy installs a copy whatever the local one's version (check
-// --repair of copies that differ at equal versions).
-func replaceCopy(st *store.Store, id object.ID, version uint64, data []byte) error {
-	return st.Replace(id, version, data)
 }
