@@ -259,7 +259,9 @@ func TestShutdownTimeout(t *testing.T) {
 	w.negotiate("", false)
 	w.request(0, cmdRead, 1, 0, 4096, nil)
 	<-stuck
-	time.AfterFunc(300*time.Millisecond, func() { close(release) })
+	// Released well after Shutdown gives up, so that a slow machine does
+	// not let the reply out before the connection is closed.
+	time.AfterFunc(2*time.Second, func() { close(release) })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := s.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
