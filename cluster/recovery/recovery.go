@@ -8,21 +8,38 @@
 // any history.
 //
 // Versions come from cluster/store: epoch<<32 | count, raised by every
-// mutation, kept by tombstones and copied by recovery, so that the
-// highest version among the copies that are not suspect is the newest
-// data. A node that was away (out of the membership) missed writes that
+// mutation, kept by tombstones and copied by recovery, so that among
+// copies of one rank (below) the highest version that is not suspect is
+// the newest data. A node that was away (out of the membership) missed writes that
 // carried later epochs, so its copies compare lower; a removal leaves a
 // tombstone whose version beats the data it removed.
 //
+// A version alone does not say which copy is newest when a node was cut
+// off: a gateway on a node cut off from the others keeps applying its
+// client's writes to its own copy (stamped with its last epoch) until
+// its lease runs out, though none of them is acknowledged; the others go
+// on in the next epoch, and a new owner may read the older bytes there.
+// So copies are ranked first (Copy.Rank): by the latest epoch in which
+// the holder is known to have received every acknowledged write of the
+// object. The cut-off node's copy ranks at its last epoch, the copies of
+// the nodes that went on rank later, and they win, although the cut-off
+// copy's version is higher.
+//
 // Invariants:
 //
-//  1. A step never makes a copy older: Pull and PullTombstone name a
-//     source whose version is above the node's own (or whose copy is not
-//     suspect where the node's is).
-//  2. When no copy is trustworthy (every one is suspect: a power loss of
-//     every holder), every node picks the same one, the highest version
-//     and then the lowest node ID, so the copies converge to one.
-//  3. A copy a node no longer should hold is dropped only once every node
+//  1. Rank is a lower bound: a copy of rank R holds every acknowledged
+//     write of the object made in an epoch up to R. Any copy that holds
+//     the last acknowledged write (made in epoch W) ranks at least W, so
+//     the chosen copy, of the highest rank, holds it: ranking never loses
+//     an acknowledged write, and a copy of a lower rank never wins.
+//  2. Among copies of the best rank, one that is not suspect wins over a
+//     suspect one (it made every write it took durable), then the higher
+//     version, then the lower node ID: every node choosing among the same
+//     copies chooses the same one, so copies converge.
+//  3. A step makes a copy older only to replace a copy of a lower rank
+//     (Step.Replace): the copy it replaces holds writes that were never
+//     acknowledged.
+//  4. A copy a node no longer should hold is dropped only once every node
 //     now placed for it has finished recovering an epoch at least as
 //     new as the one the decision is made in: each of them then holds a
 //     copy at least as new as the dropped one.
@@ -42,6 +59,18 @@ type Copy struct {
 	Suspect bool
 	// Tombstone: the object was removed at Version.
 	Tombstone bool
+	// Absent: the node holds nothing of the object (Version 0). Only
+	// its Rank matters: a node of a high rank that holds nothing shows
+	// that the object was never acknowledged up to that epoch, so a copy
+	// a cut-off writer created goes.
+	Absent bool
+	// Rank is the latest epoch in which the holder is known to have
+	// received every acknowledged write of the object: at least the
+	// epoch of Version (a node takes a write only once it is current),
+	// and the last epoch of an unbroken run of epochs, from one whose
+	// recovery the holder completed, in each of which it was placed for
+	// the object. See the package comment.
+	Rank uint64
 }
 
 // Action is what a node does about one object.
@@ -55,8 +84,12 @@ const (
 	// PullTombstone: the object was removed; make the node's copy a
 	// tombstone of Version.
 	PullTombstone
-	// Trust: every copy is suspect and the node's own was chosen; it is
-	// synced and declared good, and the others copy it.
+	// Drop: the nodes of the best rank hold nothing; the node's own
+	// copy, of a lower rank, holds only writes never acknowledged and is
+	// deleted (no tombstone: nothing was removed).
+	Drop
+	// Trust: every copy of the best rank is suspect and the node's own
+	// was chosen; it is declared good, and the others copy it.
 	Trust
 )
 
@@ -70,6 +103,8 @@ func (a Action) String() string {
 		return "pull-tombstone"
 	case Trust:
 		return "trust"
+	case Drop:
+		return "drop"
 	}
 	return "action?"
 }
@@ -78,18 +113,33 @@ func (a Action) String() string {
 type Step struct {
 	Action Action
 	// Source is the node to copy from (Pull), and Version the version
-	// the node ends with (Pull, PullTombstone, Trust).
+	// the node ends with (Pull, PullTombstone, Trust), or the version of
+	// the copy it deletes (Drop).
 	Source  string
 	Version uint64
 	// FromSuspect: the source's copy is suspect, chosen because no copy
 	// is better; it must be read as it is (protocol.FlagRecovery).
 	FromSuspect bool
+	// Replace: the node's own copy, of a lower rank, has a version at
+	// least as high as Version's; it is replaced anyway (not the
+	// store's conditional Put).
+	Replace bool
 }
 
-// better orders copies for choosing a source: higher version first,
-// then the lower node ID, so that every node choosing among the same
-// copies chooses the same one.
+// better orders copies for choosing a source: the higher rank first,
+// then a copy that is not suspect, then the higher version, then the
+// lower node ID, so that every node choosing among the same copies
+// chooses the same one.
 func better(a, b Copy) int {
+	if c := cmp.Compare(b.Rank, a.Rank); c != 0 {
+		return c
+	}
+	if a.Suspect != b.Suspect {
+		if b.Suspect {
+			return -1
+		}
+		return 1
+	}
 	if c := cmp.Compare(b.Version, a.Version); c != 0 {
 		return c
 	}
@@ -100,39 +150,40 @@ func better(a, b Copy) int {
 // given the copies the live nodes hold (self's among them, if any; a
 // node holding nothing is simply absent).
 func Decide(self string, copies []Copy) Step {
-	var own *Copy
-	var best, bestSuspect *Copy
+	var own, best *Copy
 	for i := range copies {
 		c := &copies[i]
 		if c.Node == self {
 			own = c
-		}
-		if c.Suspect {
-			if bestSuspect == nil || better(*c, *bestSuspect) < 0 {
-				bestSuspect = c
-			}
-			continue
 		}
 		if best == nil || better(*c, *best) < 0 {
 			best = c
 		}
 	}
 	switch {
-	case best != nil:
-		if own != nil && !own.Suspect && own.Version >= best.Version {
-			return Step{Action: Keep, Version: own.Version}
-		}
-		if best.Tombstone {
-			return Step{Action: PullTombstone, Source: best.Node, Version: best.Version}
-		}
-		return Step{Action: Pull, Source: best.Node, Version: best.Version}
-	case bestSuspect != nil:
-		if bestSuspect.Node == self {
-			return Step{Action: Trust, Version: own.Version}
-		}
-		return Step{Action: Pull, Source: bestSuspect.Node, Version: bestSuspect.Version, FromSuspect: true}
+	case best == nil:
+		return Step{Action: Keep}
+	case best.Absent && own != nil && !own.Absent:
+		return Step{Action: Drop, Version: own.Version}
+	case best.Absent:
+		return Step{Action: Keep}
+	case best == own && own.Suspect:
+		// Every copy of the best rank is suspect (their holders crashed
+		// with writes not yet durable) and this one was chosen.
+		return Step{Action: Trust, Version: own.Version}
+	case best == own:
+		return Step{Action: Keep, Version: own.Version}
+	case own != nil && !own.Absent && !own.Suspect && own.Version == best.Version && own.Tombstone == best.Tombstone:
+		return Step{Action: Keep, Version: own.Version}
 	}
-	return Step{Action: Keep}
+	st := Step{Action: Pull, Source: best.Node, Version: best.Version, FromSuspect: best.Suspect}
+	if best.Tombstone {
+		st.Action = PullTombstone
+	}
+	// A good own copy at a version as high is of a lower rank: it holds
+	// writes never acknowledged, and is replaced all the same.
+	st.Replace = own != nil && !own.Absent && !own.Suspect && own.Version >= best.Version
+	return st
 }
 
 // MayDrop reports whether node self, which holds a copy of an object it
