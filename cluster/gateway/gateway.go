@@ -79,11 +79,17 @@ type Config struct {
 	// read first; empty when there is none.
 	Local string
 
-	// Live, when not nil, says whether the lease the owner's lock is held
-	// under still holds by this host's clock. A writable device whose
-	// lease may have expired refuses writes itself (the storage nodes
-	// refuse them too, by token, once a new owner fenced them).
+	// Live, when not nil, says whether the membership lease of the node
+	// this gateway runs on (under which the owner's lock is held) still
+	// holds by this host's clock. While it does not, requests wait in
+	// AwaitLive: the node is rejoining, and takes the lock again (see
+	// Retoken) or gives it up (Lose) before it is live again. Without
+	// AwaitLive, a writable device whose lease may have expired refuses
+	// writes (the storage nodes refuse them too, by token, once a new
+	// owner fenced them).
 	Live func(now time.Time) bool
+	// AwaitLive blocks until Live holds again or ctx ends.
+	AwaitLive func(ctx context.Context) error
 
 	// Strict refuses writes while the view has fewer failure domains than
 	// Copies (they wait, as for any membership change, then fail),
@@ -112,9 +118,17 @@ type Device struct {
 	// resizes (SetSize) while requests run.
 	size atomic.Int64
 
+	// token is the owner's fencing token: cfg.Token, then what Retoken
+	// gives after the node took the lock again.
+	token atomic.Uint64
+
 	mu     sync.Mutex
 	dirty  map[string]struct{} // node IDs with unflushed writes of this VDI
 	closed bool
+	lost   error // why the device may not write any more (Lose)
+	// gate is closed while requests may start, and open while the
+	// device is suspended (Suspend): its node is taking its lock again.
+	gate chan struct{}
 }
 
 var (
@@ -152,26 +166,117 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = 30 * time.Second
 	}
-	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}}
+	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, gate: make(chan struct{})}
+	close(d.gate)
 	d.size.Store(cfg.Size)
+	d.token.Store(cfg.Token)
 	if cfg.Token != 0 {
-		if err := d.fence(ctx); err != nil {
+		if err := d.fence(ctx, cfg.Token); err != nil {
 			return nil, err
 		}
 	}
 	return d, nil
 }
 
-// fence sends the token to every node of the epoch. Every node must take
+// fence sends token to every node of the epoch. Every node must take
 // it: a node that missed it would still take the old owner's writes.
-func (d *Device) fence(ctx context.Context) error {
+func (d *Device) fence(ctx context.Context, token uint64) error {
 	return d.retry(ctx, func(ctx context.Context, v *View) error {
 		nodes := v.Map.Nodes()
 		return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i].ID }, func(req *protocol.Request) {
 			req.Op = protocol.OpFence
+			req.Token = token
 			req.Object = object.Make(d.cfg.VDI, 0)
 		}, nil)
 	})
+}
+
+// ErrTakenOver is returned by Retoken when another owner wrote the VDI
+// (raised its token on some node) after the device's old token.
+var ErrTakenOver = errors.New("another owner took the VDI over meanwhile")
+
+// Suspend holds every request that starts from now on until Retoken or
+// Lose: the device's node lost the lease its lock was held under, and is
+// taking the lock again. Requests already under way are not held (they
+// wait for the node's lease in AwaitLive, then go on with the old token,
+// which the storage nodes refuse if another owner came meanwhile).
+func (d *Device) Suspend() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.gate:
+		d.gate = make(chan struct{})
+	default:
+	}
+}
+
+// resume lets the held requests go.
+func (d *Device) resume() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	select {
+	case <-d.gate:
+	default:
+		close(d.gate)
+	}
+}
+
+// Retoken moves a writable device from token old to token new: the lock
+// taken again after its node lost its lease and rejoined. Every node of
+// the epoch must still be at old: a node at a higher token saw another
+// owner, whose writes this device's client knows nothing of, and
+// Retoken then returns ErrTakenOver (the caller should Lose the device).
+// Then new is sent to every node, the device writes with it, and the
+// requests Suspend held go on.
+func (d *Device) Retoken(ctx context.Context, old, new uint64) error {
+	if err := d.fence(ctx, old); err != nil {
+		if protocol.StatusOf(err) == protocol.StatusStaleToken {
+			return fmt.Errorf("gateway: vdi %s: %w: %w", d.cfg.Name, ErrTakenOver, err)
+		}
+		return err
+	}
+	if err := d.fence(ctx, new); err != nil {
+		return err
+	}
+	d.token.Store(new)
+	d.resume()
+	return nil
+}
+
+// Lose makes the device refuse every later write with an error that
+// wraps ErrLeaseLost and says why: its node lost the lease its lock was
+// held under, and could not take the lock again safely. Reads go on.
+func (d *Device) Lose(why error) {
+	d.mu.Lock()
+	if d.lost == nil {
+		d.lost = why
+	}
+	d.mu.Unlock()
+	d.resume()
+}
+
+// await waits while the device is suspended.
+func (d *Device) await(ctx context.Context) error {
+	d.mu.Lock()
+	gate := d.gate
+	d.mu.Unlock()
+	select {
+	case <-gate:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("gateway: vdi %s: waiting for the lock to be taken again: %w", d.cfg.Name, ctx.Err())
+	}
+}
+
+// awaitLive waits while the node's lease does not hold (Config.Live),
+// and returns how long it waited.
+func (d *Device) awaitLive(ctx context.Context) (time.Duration, error) {
+	if d.cfg.Live == nil || d.cfg.AwaitLive == nil || d.cfg.Live(time.Now()) {
+		return 0, nil
+	}
+	start := time.Now()
+	err := d.cfg.AwaitLive(ctx)
+	return time.Since(start), err
 }
 
 // Size is the VDI's size.
@@ -208,16 +313,21 @@ func (d *Device) Close() error {
 	return nil
 }
 
-func (d *Device) check(off, n int64, write bool) error {
+func (d *Device) check(ctx context.Context, off, n int64, write bool) error {
+	if err := d.await(ctx); err != nil {
+		return err
+	}
 	d.mu.Lock()
-	closed := d.closed
+	closed, lost := d.closed, d.lost
 	d.mu.Unlock()
 	switch {
 	case closed:
 		return block.ErrClosed
 	case write && d.cfg.Token == 0:
 		return block.ErrReadOnly
-	case write && d.cfg.Live != nil && !d.cfg.Live(time.Now()):
+	case write && lost != nil:
+		return fmt.Errorf("gateway: vdi %s: %w: %w", d.cfg.Name, ErrLeaseLost, lost)
+	case write && d.cfg.Live != nil && d.cfg.AwaitLive == nil && !d.cfg.Live(time.Now()):
 		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, ErrLeaseLost)
 	}
 	return block.CheckRange(off, n, d.size.Load())
@@ -291,6 +401,14 @@ func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *Vie
 	deadline := time.Now().Add(d.cfg.RetryTimeout)
 	v := d.cfg.Views.View()
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		// While the node rejoins the membership, the request waits; the
+		// wait does not count against RetryTimeout.
+		if waited, err := d.awaitLive(ctx); err != nil {
+			return fmt.Errorf("gateway: vdi %s: waiting for the node to rejoin: %w", d.cfg.Name, err)
+		} else if waited > 0 {
+			deadline = deadline.Add(waited)
+			v = d.cfg.Views.View()
+		}
 		actx, stop := v.attempt(ctx)
 		err := try(actx, v)
 		stop()
@@ -362,7 +480,7 @@ func (d *Device) fanOut(ctx context.Context, v *View, n int, node func(i int) st
 	errs := make([]error, n)
 	call := func(i int) {
 		id := node(i)
-		req := protocol.Request{Epoch: v.Epoch, Token: d.cfg.Token}
+		req := protocol.Request{Epoch: v.Epoch, Token: d.token.Load()}
 		fill(&req)
 		var resp protocol.Response
 		if err := d.cfg.Net.Call(ctx, v.Addr[id], &req, &resp); err != nil {
@@ -406,7 +524,7 @@ func (d *Device) markDirty(id string) {
 
 // write sends one mutating request per piece to every replica.
 func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill func(req *protocol.Request, pc piece)) error {
-	if err := d.check(off, n, true); err != nil {
+	if err := d.check(ctx, off, n, true); err != nil {
 		return err
 	}
 	durable := f.Has(block.FUA)
@@ -476,6 +594,9 @@ func (d *Device) Discard(ctx context.Context, off, n int64, f block.Flags) error
 // Flush sends a flush of the VDI to every node written to since the last
 // flush.
 func (d *Device) Flush(ctx context.Context) error {
+	if err := d.await(ctx); err != nil {
+		return err
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -600,7 +721,7 @@ func (d *Device) askOne(ctx context.Context, v *View, obj object.ID, fill func(r
 
 // ReadAt reads from one replica of each object.
 func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := d.check(off, int64(len(p)), false); err != nil {
+	if err := d.check(ctx, off, int64(len(p)), false); err != nil {
 		return 0, err
 	}
 	err := d.each(d.pieces(off, int64(len(p))), func(_ int, pc piece) error {
@@ -634,7 +755,7 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 // Extents asks one replica of each object for its allocation. An object
 // that was never written is a hole.
 func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
-	if err := d.check(off, n, false); err != nil {
+	if err := d.check(ctx, off, n, false); err != nil {
 		return dst, err
 	}
 	ps := d.pieces(off, n)

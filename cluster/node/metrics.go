@@ -21,6 +21,7 @@ type Metrics struct {
 	bytesIn    prometheus.Counter
 	bytesOut   prometheus.Counter
 	Locks      prometheus.Gauge
+	Rejoins    prometheus.Counter
 
 	reg prometheus.Registerer
 }
@@ -81,11 +82,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ovis_node_read_bytes_total", Help: "Bytes read.",
 		}),
-		Locks: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
-		reg:   reg,
+		Locks:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
+		Rejoins: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_lease_losses_total", Help: "Times the node lost its membership lease and rejoined (or is rejoining)."}),
+		reg:     reg,
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks)
+		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks, m.Rejoins)
 	}
 	return m
 }

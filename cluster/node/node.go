@@ -11,8 +11,11 @@
 //
 //  1. A node serves requests only while its registration holds: when the
 //     lease cannot be renewed within its TTL (Registration.Fenced), the
-//     node stops its protocol and NBD servers and Done reports why. A
-//     partitioned node therefore stops taking writes on its own.
+//     node refuses every request on objects, and its gateway's requests
+//     wait, until it has registered again under a new lease, raised its
+//     tokens to every lock's and taken its VDIs' locks again (member.go).
+//     A partitioned node therefore stops taking writes on its own, and
+//     serves again by itself once it can reach etcd.
 //  2. Every request between nodes is checked against the node's epoch by
 //     Handler before it reaches the store, and every mutating request's
 //     token against the highest the store has seen for the VDI.
@@ -20,8 +23,8 @@
 //     shares that device (CAN_MULTI_CONN). It is writable only while this
 //     node holds the VDI's lock, whose revision is the device's token.
 //
-// Lock order: Node.mu, then vdis.mu; neither is held across a call to
-// etcd, another node or the disk.
+// Lock order: Node.mu, then Node.regMu, then vdis.mu; none is held
+// across a call to etcd, another node or the disk.
 package node
 
 import (
@@ -116,7 +119,6 @@ type Node struct {
 	st      *store.Store
 	embed   *membership.Embedded
 	mc      *membership.Client
-	reg     *membership.Registration
 	views   *Views
 	pool    *protocol.Pool
 	net     *localCaller // the gateway's: in process to this node, the pool to others
@@ -129,8 +131,21 @@ type Node struct {
 	rec     *recoverer
 	m       *Metrics
 
-	cancel context.CancelFunc // ends the views watch and the fence watch
+	cancel context.CancelFunc // ends the views watch and the recovery loop
 	wg     sync.WaitGroup     // the servers' and watchers' goroutines
+
+	// The membership: reg is the registration, live or (while the node
+	// rejoins after losing its lease) the lost one; back is closed while
+	// reg is live, and open while the node rejoins. regMu guards both,
+	// and is taken after mu, never across I/O. keep runs the rejoins;
+	// quit is closed when the node is closing, so that nothing waits for
+	// a rejoin then.
+	regMu      sync.Mutex
+	reg        *membership.Registration
+	back       chan struct{}
+	keepCancel context.CancelFunc
+	keepDone   chan struct{}
+	quit       chan struct{}
 
 	mu      sync.Mutex
 	stopped bool
@@ -155,7 +170,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	n := &Node{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), back: make(chan struct{}), quit: make(chan struct{})}
+	close(n.back)
 	defer func() {
 		if err != nil {
 			n.teardown(context.Background())
@@ -231,18 +247,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.addr = cfg.Advertise; n.addr == "" {
 		n.addr = n.plis.Addr().String()
 	}
-	info := membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: cfg.Zone, Weight: cfg.Weight}
-	n.reg, err = n.mc.Join(ctx, info, cfg.LeaseTTL)
-	if errors.Is(err, membership.ErrDuplicateNode) {
-		// This process holds the data directory's lock, so a registration
-		// of this node at this address is a dead process's (a crash, a
-		// kill): end it rather than wait out its lease.
-		if ok, eerr := n.mc.Evict(ctx, n.id, n.addr); eerr == nil && ok {
-			n.reg, err = n.mc.Join(ctx, info, cfg.LeaseTTL)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("node: %w", err)
+	if n.reg, err = n.register(ctx); err != nil {
+		return nil, err
 	}
 	if err := n.fenceFromLocks(ctx); err != nil {
 		return nil, err
@@ -265,7 +271,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
-	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.reg.Valid,
+	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.live,
 		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
@@ -283,15 +289,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		n.goServe("NBD", func() error { return n.nsrv.Serve(context.Background(), n.nlis) })
 	}
-	n.wg.Add(1)
+	kctx, kcancel := context.WithCancel(context.Background())
+	n.keepCancel, n.keepDone = kcancel, make(chan struct{})
 	go func() {
-		defer n.wg.Done()
-		select {
-		case <-n.reg.Fenced():
-			n.log.Error("lost the membership lease: stopping, so that no write reaches this node's copies")
-			n.stop(errors.New("node: fenced: the membership lease was lost"))
-		case <-wctx.Done():
-		}
+		defer close(n.keepDone)
+		n.keepMember(kctx)
 	}()
 	n.wg.Add(1)
 	go func() {
@@ -458,6 +460,13 @@ func (n *Node) Close(ctx context.Context) error {
 
 func (n *Node) teardown(ctx context.Context) error {
 	var errs []error
+	close(n.quit)
+	if n.keepCancel != nil {
+		// No rejoin from now on, so that the registration Leave ends is
+		// the last one.
+		n.keepCancel()
+		<-n.keepDone
+	}
 	if n.nsrv != nil {
 		if err := n.nsrv.Shutdown(ctx); err != nil && !errors.Is(err, nbd.ErrServerClosed) {
 			errs = append(errs, err)
@@ -466,8 +475,8 @@ func (n *Node) teardown(ctx context.Context) error {
 	if n.vdis != nil {
 		errs = append(errs, n.vdis.closeAll(ctx))
 	}
-	if n.reg != nil {
-		if err := n.reg.Leave(ctx); err != nil {
+	if reg := n.registration(); reg != nil {
+		if err := reg.Leave(ctx); err != nil && reg.Err() == nil {
 			errs = append(errs, fmt.Errorf("node: leaving: %w", err))
 		}
 	}

@@ -213,8 +213,16 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if err != nil {
 		return err
 	}
+	rk, err := r.newRanker(ctx, v.Epoch)
+	if err != nil {
+		return err
+	}
+	nodes := viewIDs(v)
 	pending := map[object.ID]recovery.Step{}
 	for obj, copies := range held {
+		if copies, err = rk.rank(ctx, obj, copies, nodes); err != nil {
+			return fmt.Errorf("recovery: epoch %d: %w", v.Epoch, err)
+		}
 		if st := recovery.Decide(r.n.id, copies); st.Action != recovery.Keep {
 			pending[obj] = st
 		}
@@ -568,6 +576,13 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 	if err != nil {
 		return err
 	}
+	rk, err := r.newRanker(ctx, v.Epoch)
+	if err != nil {
+		return err
+	}
+	if copies, err = rk.rank(ctx, obj, copies, viewIDs(v)); err != nil {
+		return err
+	}
 	st := recovery.Decide(r.n.id, copies)
 	if err := r.apply(ctx, v, obj, st); err != nil {
 		return err
@@ -655,25 +670,8 @@ func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bo
 		}
 		return false, fmt.Errorf("object %s: its VDI: %w", obj, err)
 	}
-	from := max(vd.Epoch, r.done.Load())
-	if from == 0 {
-		return false, nil
-	}
-	var buf [16]string
-	for ep := from; ep <= e; ep++ {
-		v, err := r.a.view(ctx, ep)
-		if err != nil {
-			return false, fmt.Errorf("object %s: epoch %d: %w", obj, ep, err)
-		}
-		reps, err := v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), buf[:0])
-		if err != nil {
-			return false, fmt.Errorf("object %s: epoch %d: %w", obj, ep, err)
-		}
-		if !slices.Contains(reps, r.n.id) {
-			return false, nil
-		}
-	}
-	return true, nil
+	end, err := r.placedRun(ctx, obj, vd, r.n.id, max(vd.Epoch, r.done.Load()), e, map[uint64][]string{})
+	return end == e, err
 }
 
 // apply carries out one step for obj.
@@ -686,8 +684,22 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 		// not yet durable): this one was chosen, and the others copy it.
 		r.n.log.Warn("recovery: every copy is suspect; keeping this node's", "object", obj.String(), "version", st.Version)
 		return r.n.st.ClearSuspect(obj)
+	case recovery.Drop:
+		// Nodes of a higher rank hold nothing: this copy holds only
+		// writes never acknowledged (a cut-off writer's).
+		r.n.log.Info("recovery: dropping a copy the nodes that went on never had", "object", obj.String(), "version", st.Version)
+		if err := r.n.st.Drop(obj, st.Version); err != nil {
+			return err
+		}
+		r.count(0)
+		return nil
 	case recovery.PullTombstone:
-		err := putTombstone(r.n.st, obj, st.Version)
+		var err error
+		if st.Replace {
+			err = r.n.st.ReplaceTombstone(obj, st.Version)
+		} else {
+			err = putTombstone(r.n.st, obj, st.Version)
+		}
 		if err == nil {
 			r.count(0)
 		}
@@ -703,7 +715,15 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 			// freed or the placement moves it.
 			return fmt.Errorf("object %s: recovery: %w", obj, err)
 		}
-		if err := putIfNewer(r.n.st, obj, ver, data); err != nil {
+		install := func(id object.ID, ver uint64, data []byte) error { return putIfNewer(r.n.st, id, ver, data) }
+		if st.Replace {
+			// This node's copy, of a lower rank, holds writes never
+			// acknowledged: it goes although its version is higher. The
+			// object is busy or pending meanwhile, so no write races.
+			r.n.log.Info("recovery: replacing a copy of a lower rank", "object", obj.String(), "source", st.Source, "version", ver)
+			install = r.n.st.Replace
+		}
+		if err := install(obj, ver, data); err != nil {
 			return fmt.Errorf("object %s: storing the copy from %s: %w", obj, st.Source, err)
 		}
 		r.count(int64(len(data)))

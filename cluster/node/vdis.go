@@ -73,7 +73,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	// Open read-only before: the lock may have come free meanwhile.
 	var lk *membership.Lock
 	holder := ""
-	l, err := r.n.mc.Lock(ctx, r.n.reg, name, r.holder())
+	l, err := r.n.mc.Lock(ctx, r.n.registration(), name, r.holder())
 	var le *membership.LockedError
 	switch {
 	case err == nil:
@@ -94,10 +94,10 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
 	}
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectShift: v.ObjectShift,
-		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict}
+		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict,
+		Live: r.n.live, AwaitLive: r.n.awaitLive}
 	if lk != nil {
 		cfg.Token = lk.Token
-		cfg.Live = r.n.reg.Valid
 	}
 	dev, err := gateway.Open(ctx, cfg)
 	if err != nil {
@@ -193,4 +193,82 @@ func (r *vdis) closeAll(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// suspend holds the new requests of every VDI open writable here, until
+// relock has taken its lock again (or given it up).
+func (r *vdis) suspend() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.open {
+		if o.lock != nil {
+			o.dev.Suspend()
+		}
+	}
+}
+
+// relock takes again, under reg, the locks of the VDIs open writable
+// here, after the lease they were held under was lost. Each device moves
+// to its new token only when no other owner took the VDI over
+// meanwhile (gateway.Device.Retoken); otherwise it is lost for good (its
+// clients' writes fail: they must reconnect, and then get the VDI
+// read-only), since its client knows nothing of the other owner's
+// writes. An error that may pass (etcd, a node not answering) is
+// returned, and the rejoin tried again.
+func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
+	r.mu.Lock()
+	var held []*openVDI
+	for _, o := range r.open {
+		if o.lock != nil {
+			held = append(held, o)
+		}
+	}
+	r.mu.Unlock()
+	for _, o := range held {
+		r.mu.Lock()
+		old := *o.lock
+		r.mu.Unlock()
+		if old.Lease == int64(reg.LeaseID()) {
+			continue // taken again by an earlier try
+		}
+		lose := func(why error) {
+			o.dev.Lose(why)
+			r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", why)
+			r.mu.Lock()
+			if r.open[o.vdi.Name] == o {
+				delete(r.open, o.vdi.Name)
+				r.n.m.Locks.Dec()
+			}
+			r.mu.Unlock()
+		}
+		l, err := r.n.mc.Lock(ctx, reg, o.vdi.Name, r.holder())
+		var le *membership.LockedError
+		switch {
+		case errors.As(err, &le), errors.Is(err, membership.ErrNoVDI):
+			lose(fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err))
+			continue
+		case err != nil:
+			return fmt.Errorf("node: vdi %q: taking its lock again: %w", o.vdi.Name, err)
+		}
+		if l.VDI != o.vdi.ID {
+			r.n.mc.Unlock(context.WithoutCancel(ctx), l)
+			lose(fmt.Errorf("node: vdi %q was deleted and made again meanwhile", o.vdi.Name))
+			continue
+		}
+		if err := o.dev.Retoken(ctx, old.Token, l.Token); err != nil {
+			if errors.Is(err, gateway.ErrTakenOver) {
+				r.n.mc.Unlock(context.WithoutCancel(ctx), l)
+				lose(err)
+				continue
+			}
+			// The next try checks against the old token again (the lock
+			// taken here goes with this try's registration).
+			return err
+		}
+		r.mu.Lock()
+		o.lock = &l
+		r.mu.Unlock()
+		r.n.log.Info("vdi lock taken again after the lease was lost", "vdi", o.vdi.Name, "token", l.Token)
+	}
+	return nil
 }

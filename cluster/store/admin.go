@@ -124,9 +124,17 @@ func (s *Store) PutTombstone(id object.ID, version uint64) error {
 
 // Replace is Put without the condition: it replaces whatever copy this
 // node holds, even one with a higher version. It is for check --repair,
-// which makes copies of equal versions but different bytes identical.
+// which makes copies of equal versions but different bytes identical,
+// and for recovery replacing a copy of a lower rank (a cut-off writer's).
 func (s *Store) Replace(id object.ID, version uint64, data []byte) error {
 	return s.put(id, "replace", version, data, false, false)
+}
+
+// ReplaceTombstone is PutTombstone without the condition: recovery
+// replacing a copy of a lower rank (a cut-off writer's, whose version
+// may be higher) with the removal the other nodes hold.
+func (s *Store) ReplaceTombstone(id object.ID, version uint64) error {
+	return s.put(id, "replace tombstone", version, nil, true, false)
 }
 
 func (s *Store) put(id object.ID, what string, version uint64, data []byte, tomb, cond bool) error {

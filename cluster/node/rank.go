@@ -1,0 +1,146 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/recovery"
+)
+
+// ranker ranks the copies of the objects decided in one epoch
+// (recovery.Copy.Rank): the latest epoch in which a copy's holder is
+// known to have received every acknowledged write of the object.
+//
+// A copy is known current in an epoch s when its holder completed the
+// run of s (its recovered epoch in etcd), or when the VDI was created in
+// s (nobody had any write), or when s is the epoch of the copy's version
+// (a node takes a write only once its copy is current). From such an s,
+// every further epoch in which the holder stays placed for the object
+// brought it every acknowledged write too (the gateway acknowledges a
+// write only once every replica of the epoch has it). The rank is the
+// end of that unbroken run of epochs. A node cut off while its gateway
+// wrote ranks at its last epoch; the nodes that went on rank later.
+//
+// Ranks only ever err low: a recovered epoch read before a newer one was
+// recorded, or an epoch no longer kept in etcd, ends the run early.
+type ranker struct {
+	r    *recoverer
+	upTo uint64            // the epoch being recovered
+	rec  map[string]uint64 // each node's last recovered epoch
+}
+
+// newRanker reads every node's recovered epoch for decisions in epoch e.
+func (r *recoverer) newRanker(ctx context.Context, e uint64) (*ranker, error) {
+	rec, err := r.n.mc.Recovered(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
+	}
+	rec[r.n.id] = max(rec[r.n.id], r.done.Load())
+	return &ranker{r: r, upTo: e, rec: rec}, nil
+}
+
+// rank sets the Rank of each of obj's copies, and adds for each node of
+// nodes that holds nothing an Absent copy with its rank, when that rank
+// says something (above 0).
+func (k *ranker) rank(ctx context.Context, obj object.ID, copies []recovery.Copy, nodes []string) ([]recovery.Copy, error) {
+	vd, err := k.r.a.vdi(ctx, obj.VDI())
+	if errors.Is(err, membership.ErrNoVDI) {
+		return copies, nil // placed nowhere: recovery drops it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	placed := map[uint64][]string{}
+	run := func(id string, s uint64) (uint64, error) {
+		return k.r.placedRun(ctx, obj, vd, id, s, k.upTo, placed)
+	}
+	rankOf := func(id string, version uint64) (uint64, error) {
+		verEpoch := version >> 32
+		best := verEpoch
+		for _, s := range []uint64{max(k.rec[id], vd.Epoch), verEpoch} {
+			e, err := run(id, s)
+			if err != nil {
+				return 0, err
+			}
+			best = max(best, e)
+		}
+		return best, nil
+	}
+	for i := range copies {
+		if copies[i].Rank, err = rankOf(copies[i].Node, copies[i].Version); err != nil {
+			return nil, err
+		}
+	}
+	for _, id := range nodes {
+		if slices.ContainsFunc(copies, func(c recovery.Copy) bool { return c.Node == id }) {
+			continue
+		}
+		rk, err := rankOf(id, 0)
+		if err != nil {
+			return nil, err
+		}
+		if rk > 0 {
+			copies = append(copies, recovery.Copy{Node: id, Absent: true, Rank: rk})
+		}
+	}
+	return copies, nil
+}
+
+// viewIDs returns the IDs of v's nodes.
+func viewIDs(v *gateway.View) []string {
+	ids := make([]string, 0, len(v.Addr))
+	for id := range v.Addr {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// placedRun returns the last epoch of the unbroken run of epochs from s
+// up to upTo in which node id is placed for obj, and 0 when it is not
+// placed in s (or s is 0). An epoch etcd no longer keeps ends the run.
+// placed caches obj's placement by epoch across calls.
+func (r *recoverer) placedRun(ctx context.Context, obj object.ID, vd membership.VDI, id string, s, upTo uint64, placed map[uint64][]string) (uint64, error) {
+	var buf [16]string
+	placedAt := func(e uint64) (bool, error) {
+		reps, ok := placed[e]
+		if !ok {
+			v, err := r.a.view(ctx, e)
+			if err != nil {
+				return false, err
+			}
+			if reps, err = v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), buf[:0]); err != nil {
+				return false, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
+			}
+			reps = slices.Clone(reps)
+			placed[e] = reps
+		}
+		return slices.Contains(reps, id), nil
+	}
+	if s == 0 || s > upTo {
+		return 0, nil
+	}
+	e := s - 1
+	for e < upTo {
+		ok, err := placedAt(e + 1)
+		if errors.Is(err, membership.ErrNoEpoch) {
+			break
+		}
+		if err != nil {
+			return 0, fmt.Errorf("object %s: epoch %d: %w", obj, e+1, err)
+		}
+		if !ok {
+			break
+		}
+		e++
+	}
+	if e < s {
+		return 0, nil
+	}
+	return e, nil
+}
