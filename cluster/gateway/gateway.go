@@ -82,8 +82,8 @@ type Config struct {
 	// Live, when not nil, says whether the membership lease of the node
 	// this gateway runs on (under which the owner's lock is held) still
 	// holds by this host's clock. While it does not, requests wait in
-	// AwaitLive: the node is rejoining, and takes the lock again (see
-	// Retoken) or gives it up (Lose) before it is live again. Without
+	// AwaitLive: the node is rejoining; it holds new requests (Suspend)
+	// until it has taken the lock again (Retoken) or given it up (Lose). Without
 	// AwaitLive, a writable device whose lease may have expired refuses
 	// writes (the storage nodes refuse them too, by token, once a new
 	// owner fenced them).
@@ -191,10 +191,6 @@ func (d *Device) fence(ctx context.Context, token uint64) error {
 	})
 }
 
-// ErrTakenOver is returned by Retoken when another owner wrote the VDI
-// (raised its token on some node) after the device's old token.
-var ErrTakenOver = errors.New("another owner took the VDI over meanwhile")
-
 // Suspend holds every request that starts from now on until Retoken or
 // Lose: the device's node lost the lease its lock was held under, and is
 // taking the lock again. Requests already under way are not held (they
@@ -221,20 +217,12 @@ func (d *Device) resume() {
 	}
 }
 
-// Retoken moves a writable device from token old to token new: the lock
-// taken again after its node lost its lease and rejoined. Every node of
-// the epoch must still be at old: a node at a higher token saw another
-// owner, whose writes this device's client knows nothing of, and
-// Retoken then returns ErrTakenOver (the caller should Lose the device).
-// Then new is sent to every node, the device writes with it, and the
-// requests Suspend held go on.
-func (d *Device) Retoken(ctx context.Context, old, new uint64) error {
-	if err := d.fence(ctx, old); err != nil {
-		if protocol.StatusOf(err) == protocol.StatusStaleToken {
-			return fmt.Errorf("gateway: vdi %s: %w: %w", d.cfg.Name, ErrTakenOver, err)
-		}
-		return err
-	}
+// Retoken moves a writable device to token new: the lock taken again
+// (membership.Relock, which makes sure nobody else took it meanwhile)
+// after its node lost its lease and rejoined. new is sent to every node
+// of the epoch, the device writes with it from then on, and the requests
+// Suspend held go on.
+func (d *Device) Retoken(ctx context.Context, new uint64) error {
 	if err := d.fence(ctx, new); err != nil {
 		return err
 	}
@@ -409,6 +397,7 @@ func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *Vie
 			deadline = deadline.Add(waited)
 			v = d.cfg.Views.View()
 		}
+		tok := d.token.Load()
 		actx, stop := v.attempt(ctx)
 		err := try(actx, v)
 		stop()
@@ -417,6 +406,17 @@ func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *Vie
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w (while retrying: %v)", ctx.Err(), err)
+		}
+		if errors.Is(err, &protocol.Error{Status: protocol.StatusStaleToken}) {
+			// Refused for the token the lock had before this node lost
+			// its lease: once the lock is taken again (Retoken), the
+			// request goes again with the new one.
+			if werr := d.await(ctx); werr != nil {
+				return werr
+			}
+			if d.token.Load() != tok {
+				continue
+			}
 		}
 		if !retryable(err) {
 			return err

@@ -35,6 +35,9 @@ var (
 	// ErrNotLocked means the VDI has no lock, or the lock is no longer
 	// the one the caller holds (broken, or expired with its lease).
 	ErrNotLocked = errors.New("vdi is not locked by this holder")
+	// ErrTakenOver means Relock found that another holder took the VDI's
+	// lock after the caller's lock was lost.
+	ErrTakenOver = errors.New("another holder took the vdi's lock meanwhile")
 )
 
 // LockedError is returned by Lock and DeleteVDI when another holder has

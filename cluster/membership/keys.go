@@ -21,6 +21,7 @@ const (
 	keyVDIByID   = "vdi/id/"
 	keyVDITomb   = "vdi/tomb/"
 	keyLocks     = "locks/"
+	keyOwners    = "owners/"
 )
 
 // keys renders the layout under one prefix.
@@ -45,6 +46,9 @@ func (k keys) tomb(id object.VDI) string {
 func (k keys) locks() string { return k.prefix + keyLocks }
 func (k keys) lock(id object.VDI) string {
 	return fmt.Sprintf("%s%s%08x", k.prefix, keyLocks, uint32(id))
+}
+func (k keys) owner(id object.VDI) string {
+	return fmt.Sprintf("%s%s%08x", k.prefix, keyOwners, uint32(id))
 }
 func (k keys) nodeID(key string) string { return strings.TrimPrefix(key, k.nodes()) }
 

@@ -38,12 +38,41 @@ func decodeLock(kv *mvccpb.KeyValue) (Lock, error) {
 	return Lock{VDI: r.VDI, Name: r.Name, Holder: r.Holder, Token: uint64(kv.CreateRevision), Lease: kv.Lease}, nil
 }
 
+// ownerRecord is the stored value of an owners/ key: who took the VDI's
+// lock last, and under which lease. It outlives the lock (no lease), so
+// that Relock can tell whether anyone took the lock after a holder lost
+// it.
+type ownerRecord struct {
+	Holder string `json:"holder"`
+	Lease  int64  `json:"lease"`
+}
+
+func ownerValue(holder string, lease int64) string {
+	b, _ := json.Marshal(ownerRecord{Holder: holder, Lease: lease})
+	return string(b)
+}
+
 // Lock takes the writer lock of the VDI named name for holder, under
 // r's lease: it vanishes when the lease does. A lock the same holder
 // already has under the same lease is returned as it is. Another holder
 // gets a *LockedError naming it; an unknown VDI ErrNoVDI; a fenced
 // registration ErrFenced.
 func (c *Client) Lock(ctx context.Context, r *Registration, name, holder string) (Lock, error) {
+	return c.lock(ctx, r, name, holder, nil)
+}
+
+// Relock takes the lock of the VDI named name again for old's holder,
+// under r's lease, after old was lost with the lease it was held under
+// (its node was cut off from etcd, or etcd lost its quorum, for longer
+// than the lease). It succeeds only if nobody took the lock since old:
+// otherwise it returns ErrTakenOver, and the caller must not write with
+// what it knew of the VDI (another owner may have changed it). It fails
+// as Lock does otherwise.
+func (c *Client) Relock(ctx context.Context, r *Registration, name string, old Lock) (Lock, error) {
+	return c.lock(ctx, r, name, old.Holder, &old)
+}
+
+func (c *Client) lock(ctx context.Context, r *Registration, name, holder string, old *Lock) (Lock, error) {
 	if err := r.Err(); err != nil {
 		return Lock{}, fmt.Errorf("membership: lock vdi %q: %w", name, err)
 	}
@@ -55,19 +84,28 @@ func (c *Client) Lock(ctx context.Context, r *Registration, name, holder string)
 		if err != nil {
 			return Lock{}, fmt.Errorf("membership: lock: %w", err)
 		}
+		if old != nil && old.VDI != v.ID {
+			return Lock{}, fmt.Errorf("membership: relock vdi %q: it was deleted and made again: %w", name, ErrTakenOver)
+		}
 		b, err := json.Marshal(lockRecord{VDI: v.ID, Name: v.Name, Holder: holder})
 		if err != nil {
 			return Lock{}, fmt.Errorf("membership: lock vdi %q: %w", name, err)
 		}
-		lk := c.k.lock(v.ID)
-		resp, err := c.cli.Txn(ctx).If(
+		lk, ow := c.k.lock(v.ID), c.k.owner(v.ID)
+		conds := []clientv3.Cmp{
 			// The VDI is the one we read (not deleted and recreated).
 			clientv3.Compare(clientv3.CreateRevision(c.k.vdiName(name)), "=", create),
 			clientv3.Compare(clientv3.CreateRevision(lk), "=", 0),
-		).Then(
+		}
+		if old != nil {
+			conds = append(conds, clientv3.Compare(clientv3.Value(ow), "=", ownerValue(old.Holder, old.Lease)))
+		}
+		resp, err := c.cli.Txn(ctx).If(conds...).Then(
 			clientv3.OpPut(lk, string(b), clientv3.WithLease(r.LeaseID())),
+			clientv3.OpPut(ow, ownerValue(holder, int64(r.LeaseID()))),
 			clientv3.OpGet(lk),
 		).Else(
+			clientv3.OpGet(ow),
 			clientv3.OpGet(lk),
 		).Commit()
 		if err != nil {
@@ -75,6 +113,11 @@ func (c *Client) Lock(ctx context.Context, r *Registration, name, holder string)
 		}
 		get := resp.Responses[len(resp.Responses)-1].GetResponseRange()
 		if len(get.Kvs) == 0 {
+			if old != nil && !resp.Succeeded {
+				if o := resp.Responses[0].GetResponseRange().Kvs; len(o) == 0 || string(o[0].Value) != ownerValue(old.Holder, old.Lease) {
+					return Lock{}, fmt.Errorf("membership: relock vdi %q: %w", name, ErrTakenOver)
+				}
+			}
 			continue // the VDI changed, or the lock went between: again
 		}
 		l, err := decodeLock(get.Kvs[0])

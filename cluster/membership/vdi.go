@@ -293,6 +293,7 @@ func (c *Client) DeleteVDI(ctx context.Context, name string) (VDI, error) {
 		).Then(
 			clientv3.OpDelete(c.k.vdiName(name)),
 			clientv3.OpDelete(c.k.vdiID(v.ID)),
+			clientv3.OpDelete(c.k.owner(v.ID)),
 			clientv3.OpPut(c.k.tomb(v.ID), string(tb)),
 		).Else(
 			clientv3.OpGet(lk),

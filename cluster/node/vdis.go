@@ -208,12 +208,12 @@ func (r *vdis) suspend() {
 }
 
 // relock takes again, under reg, the locks of the VDIs open writable
-// here, after the lease they were held under was lost. Each device moves
-// to its new token only when no other owner took the VDI over
-// meanwhile (gateway.Device.Retoken); otherwise it is lost for good (its
-// clients' writes fail: they must reconnect, and then get the VDI
-// read-only), since its client knows nothing of the other owner's
-// writes. An error that may pass (etcd, a node not answering) is
+// here, after the lease they were held under was lost. Each is taken only
+// when nobody else took it meanwhile (membership.Relock), and the device
+// then moves to the new token (gateway.Device.Retoken); otherwise it is
+// lost for good (its clients' writes fail: they must reconnect, and then
+// get the VDI read-only), since its client knows nothing of the other
+// owner's writes. An error that may pass (etcd, a node not answering) is
 // returned, and the rejoin tried again.
 func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 	r.mu.Lock()
@@ -228,9 +228,6 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 		r.mu.Lock()
 		old := *o.lock
 		r.mu.Unlock()
-		if old.Lease == int64(reg.LeaseID()) {
-			continue // taken again by an earlier try
-		}
 		lose := func(why error) {
 			o.dev.Lose(why)
 			r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", why)
@@ -241,28 +238,21 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 			}
 			r.mu.Unlock()
 		}
-		l, err := r.n.mc.Lock(ctx, reg, o.vdi.Name, r.holder())
+		l, err := r.n.mc.Relock(ctx, reg, o.vdi.Name, old)
 		var le *membership.LockedError
 		switch {
-		case errors.As(err, &le), errors.Is(err, membership.ErrNoVDI):
+		case errors.As(err, &le), errors.Is(err, membership.ErrNoVDI), errors.Is(err, membership.ErrTakenOver):
 			lose(fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err))
 			continue
 		case err != nil:
 			return fmt.Errorf("node: vdi %q: taking its lock again: %w", o.vdi.Name, err)
 		}
-		if l.VDI != o.vdi.ID {
-			r.n.mc.Unlock(context.WithoutCancel(ctx), l)
-			lose(fmt.Errorf("node: vdi %q was deleted and made again meanwhile", o.vdi.Name))
-			continue
-		}
-		if err := o.dev.Retoken(ctx, old.Token, l.Token); err != nil {
-			if errors.Is(err, gateway.ErrTakenOver) {
-				r.n.mc.Unlock(context.WithoutCancel(ctx), l)
-				lose(err)
-				continue
-			}
-			// The next try checks against the old token again (the lock
-			// taken here goes with this try's registration).
+		if err := o.dev.Retoken(ctx, l.Token); err != nil {
+			// The next try finds the lock ours (under reg) and fences
+			// again.
+			r.mu.Lock()
+			o.lock = &l
+			r.mu.Unlock()
 			return err
 		}
 		r.mu.Lock()

@@ -81,6 +81,17 @@ func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterN
 		close(n.exited)
 	}()
 	t.Cleanup(func() { n.kill(syscall.SIGKILL) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			var warn []string
+			for _, l := range strings.Split(n.stderr.String(), "\n") {
+				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+					warn = append(warn, l)
+				}
+			}
+			t.Logf("node %s: its warnings and errors:\n%s", dir, strings.Join(warn[max(0, len(warn)-40):], "\n"))
+		}
+	})
 	deadline := time.After(60 * time.Second)
 	for n.nbd == "" {
 		select {

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +23,8 @@ type EtcdMember struct {
 	cmd       *exec.Cmd
 	exited    chan struct{}
 	log       *lockedWriter
+	bin       string
+	args      []string // what it was started with, for Restart
 }
 
 // Log is what the member printed.
@@ -85,21 +88,17 @@ func StartEtcd(t testing.TB, n int) []*EtcdMember {
 		initial = append(initial, m.Name+"="+m.PeerURL)
 	}
 	for _, m := range members {
-		m.cmd = exec.Command(bin,
+		m.bin = bin
+		m.args = []string{
 			"--name", m.Name,
 			"--data-dir", filepath.Join(dir, m.Name),
 			"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
 			"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
 			"--initial-cluster", strings.Join(initial, ","),
-			"--initial-cluster-state", "new", "--initial-cluster-token", "ovis-test",
+			"--initial-cluster-token", "ovis-test",
 			"--heartbeat-interval", "50", "--election-timeout", "500",
-			"--auto-compaction-retention", "1")
-		m.cmd.Stdout = m.log
-		m.cmd.Stderr = m.cmd.Stdout
-		if err := m.cmd.Start(); err != nil {
-			t.Fatalf("testutil: starting etcd: %v", err)
-		}
-		go func() { m.cmd.Wait(); close(m.exited) }()
+			"--auto-compaction-retention", "1"}
+		m.start(t, "new")
 		t.Cleanup(func() {
 			m.Stop()
 			if t.Failed() {
@@ -125,6 +124,58 @@ func StartEtcd(t testing.TB, n int) []*EtcdMember {
 		}
 	}
 	return members
+}
+
+// start runs the member's process.
+func (m *EtcdMember) start(t testing.TB, state string) {
+	t.Helper()
+	m.cmd = exec.Command(m.bin, append(m.args, "--initial-cluster-state", state)...)
+	m.cmd.Stdout = m.log
+	m.cmd.Stderr = m.cmd.Stdout
+	m.exited = make(chan struct{})
+	if err := m.cmd.Start(); err != nil {
+		t.Fatalf("testutil: starting etcd: %v", err)
+	}
+	cmd, exited := m.cmd, m.exited
+	go func() { cmd.Wait(); close(exited) }()
+}
+
+// Restart starts a stopped member again on its data (it rejoins its
+// cluster), and returns at once.
+func (m *EtcdMember) Restart(t testing.TB) {
+	t.Helper()
+	m.Stop()
+	m.start(t, "existing")
+}
+
+// Leader returns the member that leads the cluster now, asking each
+// member that answers (etcd's JSON gateway, /v3/maintenance/status).
+func Leader(t testing.TB, ms []*EtcdMember) *EtcdMember {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		for _, m := range ms {
+			resp, err := http.Post(m.ClientURL+"/v3/maintenance/status", "application/json", strings.NewReader("{}"))
+			if err != nil {
+				continue
+			}
+			var st struct {
+				Header struct {
+					MemberID string `json:"member_id"`
+				} `json:"header"`
+				Leader string `json:"leader"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+			if err == nil && st.Leader != "" && st.Leader != "0" && st.Leader == st.Header.MemberID {
+				return m
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("testutil: no etcd member says it leads in 20 s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // EtcdEndpoints joins the members' client URLs with commas.
