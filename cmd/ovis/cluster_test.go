@@ -53,7 +53,14 @@ var (
 // it prints where it serves. etcd is the cluster's etcd; empty embeds one.
 func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterNode {
 	t.Helper()
-	args := []string{"node", "--dir", dir, "--listen", "127.0.0.1:0", "--nbd", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--log-level", "info"}
+	return startClusterNodeCmd(t, exec.Command, "127.0.0.1", dir, etcd, extra...)
+}
+
+// startClusterNodeCmd is startClusterNode with the command made by mk
+// (to run the node in a network namespace, say), listening on host.
+func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exec.Cmd, host, dir, etcd string, extra ...string) *clusterNode {
+	t.Helper()
+	args := []string{"node", "--dir", dir, "--listen", host + ":0", "--nbd", host + ":0", "--metrics", host + ":0", "--log-level", "info"}
 	if etcd == "" {
 		args = append(args, "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
 	} else {
@@ -61,7 +68,7 @@ func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterN
 	}
 	args = append(args, extra...)
 	n := &clusterNode{dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	n.cmd = exec.Command(ovisBin, args...)
+	n.cmd = mk(ovisBin, args...)
 	n.cmd.Stderr = n.stderr
 	out, err := n.cmd.StdoutPipe()
 	if err != nil {

@@ -449,8 +449,15 @@ type qemuIO struct {
 
 func startQemuIO(t *testing.T, uri string) *qemuIO {
 	t.Helper()
+	return startQemuIOCmd(t, exec.Command, uri)
+}
+
+// startQemuIOCmd is startQemuIO with the command made by mk (to run it
+// in a network namespace, say).
+func startQemuIOCmd(t *testing.T, mk func(name string, args ...string) *exec.Cmd, uri string) *qemuIO {
+	t.Helper()
 	testutil.RunIn(t, "", "qemu-io", "--version") // fails the test when missing
-	q := &qemuIO{t: t, cmd: exec.Command("stdbuf", "-oL", "qemu-io", "-t", "writeback", "-f", "raw", uri), lines: make(chan string, 100)}
+	q := &qemuIO{t: t, cmd: mk("stdbuf", "-oL", "qemu-io", "-t", "writeback", "-f", "raw", uri), lines: make(chan string, 100)}
 	var err error
 	if q.in, err = q.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)

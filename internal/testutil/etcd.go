@@ -71,6 +71,14 @@ func freePorts(t testing.TB, n int) []int {
 // joined with commas is what ovis's --etcd takes.
 func StartEtcd(t testing.TB, n int) []*EtcdMember {
 	t.Helper()
+	return StartEtcdOn(t, n, "127.0.0.1")
+}
+
+// StartEtcdOn is StartEtcd with the members listening on host (an
+// address of this machine, such as a bridge's that processes in network
+// namespaces reach).
+func StartEtcdOn(t testing.TB, n int, host string) []*EtcdMember {
+	t.Helper()
 	bin := tool(t, "etcd")
 	dir := t.TempDir()
 	ports := freePorts(t, 2*n)
@@ -79,8 +87,8 @@ func StartEtcd(t testing.TB, n int) []*EtcdMember {
 	for i := range n {
 		m := &EtcdMember{
 			Name:      fmt.Sprintf("e%d", i),
-			ClientURL: fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]),
-			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+			ClientURL: fmt.Sprintf("http://%s:%d", host, ports[2*i]),
+			PeerURL:   fmt.Sprintf("http://%s:%d", host, ports[2*i+1]),
 			exited:    make(chan struct{}),
 			log:       &lockedWriter{b: &strings.Builder{}},
 		}
