@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/membership"
@@ -119,25 +120,15 @@ func (n *Node) keepMember(ctx context.Context) {
 // succeeds (true) or ctx ends (false).
 func (n *Node) rejoin(ctx context.Context) bool {
 	start := time.Now()
-	for backoff := 200 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		err := n.rejoinOnce(ctx)
-		if err == nil {
-			n.log.Info("rejoined the membership", "epoch", n.views.Epoch(), "away", time.Since(start).Round(time.Millisecond))
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		n.log.Warn("rejoining the membership failed; trying again", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
-		}
+	if !untilDone(ctx, "rejoining the membership", n.log, n.joinAgain) {
+		return false
 	}
+	n.log.Info("rejoined the membership", "epoch", n.views.Epoch(), "away", time.Since(start).Round(time.Millisecond))
+	return true
 }
 
-func (n *Node) rejoinOnce(ctx context.Context) error {
+// joinAgain is one try of rejoin.
+func (n *Node) joinAgain(ctx context.Context) error {
 	reg, err := n.register(ctx)
 	if err != nil {
 		return err
@@ -154,16 +145,30 @@ func (n *Node) rejoinOnce(ctx context.Context) error {
 	n.reg = reg
 	close(n.back)
 	n.regMu.Unlock()
-	for backoff := 200 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		err := n.vdis.relock(ctx, reg)
-		if err == nil || ctx.Err() != nil || reg.Err() != nil {
-			// A registration lost again is keepMember's to handle.
-			return nil
+	untilDone(ctx, "taking the VDIs' locks again", n.log, func(ctx context.Context) error {
+		if err := n.vdis.relock(ctx, reg); err != nil && reg.Err() == nil {
+			return err
 		}
-		n.log.Warn("taking the VDIs' locks again failed; trying again", "err", err, "in", backoff)
+		return nil // done, or the registration is lost again: keepMember's
+	})
+	return nil
+}
+
+// untilDone calls try until it returns nil (true) or ctx ends (false),
+// with a growing pause between tries, each failure logged.
+func untilDone(ctx context.Context, what string, log *slog.Logger, try func(context.Context) error) bool {
+	for backoff := 200 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		err := try(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		log.Warn(what+" failed; trying again", "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
 		case <-time.After(backoff):
 		}
 	}
