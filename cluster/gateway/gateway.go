@@ -67,8 +67,8 @@ type Caller interface {
 
 // Config describes the VDI a Device serves and how to reach its objects.
 type Config struct {
-	VDI         object.VDI
-	Name        string // for errors and logs
+	VDI  object.VDI
+	Name string // for errors and logs
 	Size int64
 	// Copies of each object, for the views that do not give the VDI's
 	// (View.Copies); CopiesAt, when not nil, gives them per epoch
