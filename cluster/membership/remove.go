@@ -45,8 +45,10 @@ var (
 
 // RemoveNode removes the node id for good: in one txn, if no node is
 // registered under id, it deletes the node's recovered/ and clean/
-// records and writes removed/<id>. From then on recovery no longer waits
-// for the node (tombstones can be forgotten, copies dropped), and Join
+// records, writes removed/<id>, and writes a new epoch with the current
+// epoch's nodes. From then on recovery no longer waits for the node, and
+// the new epoch makes every node run it: each is then clean past every
+// tombstone made so far, and forgets those no other node needs. Join
 // refuses the ID with ErrRemovedNode. Removing a removed node again
 // succeeds and changes nothing. Errors: ErrNodeLive naming the node's
 // address, ErrNoNode for an ID the cluster has no record of, an
@@ -59,56 +61,70 @@ func (c *Client) RemoveNode(ctx context.Context, id string) error {
 		return err
 	}
 	node, rec, clean, rem := c.k.node(id), c.k.recovered()+id, c.k.clean()+id, c.k.removed(id)
-	// What the cluster knows of the node, to refuse an ID that is
-	// probably a typo; the txn below guards against the node joining
-	// meanwhile.
-	kr, err := c.cli.Txn(ctx).Then(
-		clientv3.OpGet(rec, clientv3.WithCountOnly()),
-		clientv3.OpGet(clean, clientv3.WithCountOnly()),
-		clientv3.OpGet(rem, clientv3.WithCountOnly()),
-	).Commit()
-	if err != nil {
-		return fmt.Errorf("membership: remove node %q: read its records: %w", id, err)
-	}
-	known := false
-	for _, r := range kr.Responses {
-		known = known || r.GetResponseRange().Count > 0
-	}
-	removed := kr.Responses[2].GetResponseRange().Count > 0
-	b, err := json.Marshal(Removal{ID: id, Removed: c.now().UTC()})
-	if err != nil {
-		return fmt.Errorf("membership: remove node %q: %w", id, err)
-	}
-	var ops []clientv3.Op // none for an unknown node: the txn only tells live from unknown
-	if known {
-		ops = append(ops, clientv3.OpDelete(rec), clientv3.OpDelete(clean))
-	}
-	if known && !removed {
-		ops = append(ops, clientv3.OpPut(rem, string(b)))
-	}
-	resp, err := c.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(node), "=", 0)).
-		Then(ops...).
-		Else(clientv3.OpGet(node)).
-		Commit()
-	if err != nil {
-		return fmt.Errorf("membership: remove node %q: %w", id, err)
-	}
-	if !resp.Succeeded {
-		addr := "?"
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+	for {
+		// What the cluster knows of the node (to refuse an ID that is
+		// probably a typo) and the epoch, at one revision; the txn
+		// below guards against the node joining and epochs meanwhile.
+		kr, err := c.cli.Txn(ctx).Then(
+			clientv3.OpGet(rec, clientv3.WithCountOnly()),
+			clientv3.OpGet(clean, clientv3.WithCountOnly()),
+			clientv3.OpGet(rem, clientv3.WithCountOnly()),
+			clientv3.OpGet(c.k.epoch()),
+		).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: remove node %q: read its records: %w", id, err)
+		}
+		records := kr.Responses[0].GetResponseRange().Count+kr.Responses[1].GetResponseRange().Count > 0
+		removed := kr.Responses[2].GetResponseRange().Count > 0
+		cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(node), "=", 0)}
+		var ops []clientv3.Op // none for an unknown node: the txn only tells live from unknown
+		if records {
+			ops = append(ops, clientv3.OpDelete(rec), clientv3.OpDelete(clean))
+			if ekvs := kr.Responses[3].GetResponseRange().Kvs; len(ekvs) > 0 {
+				cur, err := decodeView(ekvs[0].Value)
+				if err != nil {
+					return err
+				}
+				// Same nodes, next number: every node runs recovery,
+				// and records a clean epoch past every tombstone.
+				ec, eo, err := c.epochTxn(View{Epoch: cur.Epoch + 1, Nodes: cur.Nodes, Created: c.now().UTC()}, ekvs[0].ModRevision)
+				if err != nil {
+					return err
+				}
+				cmps, ops = append(cmps, ec...), append(ops, eo...)
+			}
+		}
+		if records && !removed {
+			b, err := json.Marshal(Removal{ID: id, Removed: c.now().UTC()})
+			if err != nil {
+				return fmt.Errorf("membership: remove node %q: %w", id, err)
+			}
+			ops = append(ops, clientv3.OpPut(rem, string(b)))
+		}
+		resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Else(clientv3.OpGet(node)).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: remove node %q: %w", id, err)
+		}
+		if !resp.Succeeded {
+			kvs := resp.Responses[0].GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue // a new epoch came first: read again
+			}
+			addr := "?"
 			var n NodeInfo
 			if json.Unmarshal(kvs[0].Value, &n) == nil {
 				addr = n.Addr
 			}
+			return fmt.Errorf("membership: remove node %q: %w (registered at %s)", id, ErrNodeLive, addr)
 		}
-		return fmt.Errorf("membership: remove node %q: %w (registered at %s)", id, ErrNodeLive, addr)
+		switch {
+		case records:
+			c.log.Info("node removed", "node", id)
+		case !removed:
+			return fmt.Errorf("membership: remove node %q: %w: it never recovered an epoch", id, ErrNoNode)
+		}
+		return nil
 	}
-	if !known {
-		return fmt.Errorf("membership: remove node %q: %w: it never recovered an epoch", id, ErrNoNode)
-	}
-	c.log.Info("node removed", "node", id)
-	return nil
 }
 
 // Removed returns the removed nodes, by ID.
