@@ -33,6 +33,17 @@ func copiesExactly(t *testing.T, n *clusterNode, objects, copies int, when strin
 	t.Logf("%s: %s; per node %v", when, want, held)
 }
 
+// dumpOnFailure logs every node's stderr at the end of a failed test.
+func dumpOnFailure(t *testing.T, nodes []*clusterNode) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, n := range nodes {
+				t.Logf("node %d (%s) stderr:\n%s", i+1, n.addr, n.stderr)
+			}
+		}
+	})
+}
+
 // vdiCopies is what vdi list says of a VDI's copies.
 func vdiCopies(t *testing.T, n *clusterNode, name string) int {
 	t.Helper()
@@ -63,6 +74,7 @@ func vdiCopies(t *testing.T, n *clusterNode, name string) int {
 func TestClusterAlterCopy(t *testing.T) {
 	nodes := startCluster(t, 4, "")
 	n1, n2 := nodes[0], nodes[1]
+	dumpOnFailure(t, nodes)
 	dir := t.TempDir()
 	n1.mustAdmin(t, "cluster", "format", "--copies", "2")
 	n1.mustAdmin(t, "vdi", "create", "disk0", "64M")
