@@ -34,6 +34,11 @@
 //     falls back to the others in placement order on error. An object no
 //     replica holds (StatusNoEnt from one, with no data from any) reads
 //     as zeros: objects are created on first write, on every replica.
+//  7. A request placed by a view of epoch E uses the VDI's copies in E
+//     (View.Copies, else the record's for E): a change of copies comes
+//     with a new epoch, so a gateway still on the old one is refused
+//     and places the request again, and never skips a replica that
+//     recovery made for the new copies.
 //
 // Locking: mu guards dirty and closed only; it is never held across a
 // call to a node.
@@ -62,11 +67,19 @@ type Caller interface {
 
 // Config describes the VDI a Device serves and how to reach its objects.
 type Config struct {
-	VDI         object.VDI
-	Name        string // for errors and logs
-	Size        int64
+	VDI  object.VDI
+	Name string // for errors and logs
+	Size int64
+	// Copies of each object, for the views that do not give the VDI's
+	// (View.Copies); CopiesAt, when not nil, gives them per epoch
+	// instead. A request placed by a view uses that view's epoch's
+	// copies.
 	Copies      int
 	ObjectShift uint8
+	// CopiesAt, when not nil, returns the copies the VDI had in an epoch
+	// its view does not list it for: those of the record the device was
+	// opened with (membership.VDI.CopiesAt). Nil means Copies.
+	CopiesAt func(epoch uint64) int
 
 	// Token is the owner's fencing token (the lock's revision). Zero opens
 	// the device read-only.
@@ -365,12 +378,27 @@ func (d *Device) each(ps []piece, fn func(i int, pc piece) error) error {
 // domains than copies (a cluster that lost nodes) the object is on every
 // domain there is.
 func (d *Device) replicas(v *View, obj object.ID) ([]string, error) {
-	copies := min(d.cfg.Copies, v.Map.Zones())
+	copies := min(d.copies(v), v.Map.Zones())
 	nodes, err := v.Map.Place(obj, copies, make([]string, 0, copies))
 	if err != nil {
 		return nil, fmt.Errorf("gateway: vdi %s object %s: %w", d.cfg.Name, obj, err)
 	}
 	return nodes, nil
+}
+
+// copies returns the VDI's copies in v's epoch: the view's, when it
+// lists the VDI, else the record's (Config.CopiesAt, Config.Copies). A
+// VDI the view lacks was created after the node read the table for it,
+// so no change of its copies can have made v's epoch, and the record's
+// value for the epoch is right.
+func (d *Device) copies(v *View) int {
+	if n, ok := v.Copies[d.cfg.VDI]; ok {
+		return n
+	}
+	if d.cfg.CopiesAt != nil {
+		return d.cfg.CopiesAt(v.Epoch)
+	}
+	return d.cfg.Copies
 }
 
 // retry runs try with the newest view until it succeeds, fails for a
@@ -534,8 +562,8 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 	}
 	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
 		return d.retry(ctx, func(ctx context.Context, v *View) error {
-			if z := v.Map.Zones(); d.cfg.Strict && z < d.cfg.Copies {
-				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, d.cfg.Copies, v.Epoch)
+			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
+				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)
 			}
 			nodes, err := d.replicas(v, pc.obj)
 			if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
 )
 
@@ -14,6 +15,14 @@ type View struct {
 	Map   *placement.Map
 	// Addr maps a node's ID to its node-to-node address.
 	Addr map[string]string
+	// Copies are the VDIs' copies in this epoch: a request in an epoch
+	// uses the copies the VDI had when the epoch was written (see
+	// membership.AlterCopies), so a gateway never writes fewer replicas
+	// than recovery made. The node fills it from the VDI table read once
+	// the epoch was known. A VDI it lacks (created after that read, or a
+	// view without the table: nil) takes Config's copies. Read-only once
+	// the view is handed out.
+	Copies map[object.VDI]int
 
 	// life ends when a newer view supersedes this one (Supersede); a
 	// View built as a literal has none and is never superseded.

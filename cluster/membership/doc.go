@@ -11,7 +11,9 @@
 // key layout), embed.go (the embedded etcd), compact.go, format.go,
 // epoch.go (views, the epoch rule, Watch), register.go (Join, the
 // keepalive and fencing loop, the epoch bumper), vdi.go (the VDI
-// table), lock.go, logging.go (etcd's zap logs into slog).
+// table), altercopy.go (a VDI's copies per epoch), remove.go (nodes
+// removed for good), recovered.go (recovery's per-node epochs), lock.go,
+// evict.go, logging.go (etcd's zap logs into slog).
 //
 // Invariants:
 //  1. Every change of the live node set produces one new epoch: epochs
@@ -40,6 +42,12 @@
 //     package, enforce the tokens: a client's belief that it holds a
 //     lock can outlive the lock (see FIELD-NOTES on leases).
 //  8. A VDI is not deleted while it is locked.
+//  9. A change of a VDI's copies is written with a new epoch (same
+//     nodes) in one txn, and the record keeps the earlier copies per
+//     epoch: a record read once epoch E is known gives E's copies
+//     (VDI.CopiesAt), and a request of E uses them.
+//  10. A removed node ID (RemoveNode) never joins again, and has no
+//     recovered/ or clean/ record; a registered node is not removed.
 //
 // Locking: Client.mu, then Registration.mu; neither is held across a
 // call to etcd.

@@ -152,26 +152,39 @@ func (c *Client) reconcile(ctx context.Context) (View, int64, error) {
 // epoch key's mod revision is still curMod (0: the key does not exist).
 // It reports whether the write won.
 func (c *Client) writeEpoch(ctx context.Context, v View, curMod int64) (bool, error) {
+	cmps, ops, err := c.epochTxn(v, curMod)
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("membership: write epoch %d: %w", v.Epoch, err)
+	}
+	return resp.Succeeded, nil
+}
+
+// epochTxn returns the guards and the puts that write v as the next
+// epoch after the one whose key's mod revision is curMod (0: none yet).
+// Every epoch is written through it (writeEpoch, AlterCopies), so that
+// the history rules hold for all: numbers never skip, and a record is
+// never rewritten.
+func (c *Client) epochTxn(v View, curMod int64) ([]clientv3.Cmp, []clientv3.Op, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return false, fmt.Errorf("membership: epoch %d: %w", v.Epoch, err)
+		return nil, nil, fmt.Errorf("membership: epoch %d: %w", v.Epoch, err)
 	}
 	guard := clientv3.Compare(clientv3.ModRevision(c.k.epoch()), "=", curMod)
 	if curMod == 0 {
 		guard = clientv3.Compare(clientv3.CreateRevision(c.k.epoch()), "=", 0)
 	}
-	resp, err := c.cli.Txn(ctx).If(
-		guard,
-		// Never overwrite history, even after a trim went wrong.
-		clientv3.Compare(clientv3.CreateRevision(c.k.epochAt(v.Epoch)), "=", 0),
-	).Then(
-		clientv3.OpPut(c.k.epoch(), string(b)),
-		clientv3.OpPut(c.k.epochAt(v.Epoch), string(b)),
-	).Commit()
-	if err != nil {
-		return false, fmt.Errorf("membership: write epoch %d: %w", v.Epoch, err)
-	}
-	return resp.Succeeded, nil
+	return []clientv3.Cmp{
+			guard,
+			// Never overwrite history, even after a trim went wrong.
+			clientv3.Compare(clientv3.CreateRevision(c.k.epochAt(v.Epoch)), "=", 0),
+		}, []clientv3.Op{
+			clientv3.OpPut(c.k.epoch(), string(b)),
+			clientv3.OpPut(c.k.epochAt(v.Epoch), string(b)),
+		}, nil
 }
 
 func decodeView(b []byte) (View, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -474,13 +475,13 @@ func TestVDITable(t *testing.T) {
 		t.Fatalf("duplicate: %v", err)
 	}
 	list, err := c.ListVDIs(ctx)
-	if err != nil || len(list) != 2 || list[0] != a || list[1] != b {
+	if err != nil || len(list) != 2 || !reflect.DeepEqual(list, []VDI{a, b}) {
 		t.Fatalf("ListVDIs = %+v, %v", list, err)
 	}
-	if g, err := c.GetVDI(ctx, "a"); err != nil || g != a {
+	if g, err := c.GetVDI(ctx, "a"); err != nil || !reflect.DeepEqual(g, a) {
 		t.Fatalf("GetVDI = %+v, %v", g, err)
 	}
-	if g, err := c.GetVDIByID(ctx, b.ID); err != nil || g != b {
+	if g, err := c.GetVDIByID(ctx, b.ID); err != nil || !reflect.DeepEqual(g, b) {
 		t.Fatalf("GetVDIByID = %+v, %v", g, err)
 	}
 	if _, err := c.GetVDI(ctx, "zz"); !errors.Is(err, ErrNoVDI) || !strings.Contains(err.Error(), `"zz"`) {

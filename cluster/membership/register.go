@@ -66,7 +66,8 @@ func fenceDeadline(lastSent time.Time, ttl time.Duration) time.Time {
 
 // Join registers n under a new lease of ttl (at least MinTTL, rounded
 // up to whole seconds). A live node registered with the same ID is
-// refused with ErrDuplicateNode, naming its address. Join returns once
+// refused with ErrDuplicateNode, naming its address; a removed ID
+// (RemoveNode) with ErrRemovedNode. Join returns once
 // the current epoch lists n.
 func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Registration, error) {
 	if err := n.Validate(); err != nil {
@@ -97,9 +98,11 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 	}
 	key := c.k.node(n.ID)
 	resp, err := c.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+			// A removed ID never comes back (RemoveNode).
+			clientv3.Compare(clientv3.CreateRevision(c.k.removed(n.ID)), "=", 0)).
 		Then(clientv3.OpPut(key, string(b), clientv3.WithLease(g.ID))).
-		Else(clientv3.OpGet(key)).
+		Else(clientv3.OpGet(key), clientv3.OpGet(c.k.removed(n.ID), clientv3.WithCountOnly())).
 		Commit()
 	if err != nil {
 		revoke()
@@ -107,6 +110,9 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 	}
 	if !resp.Succeeded {
 		revoke()
+		if resp.Responses[1].GetResponseRange().Count > 0 {
+			return nil, fmt.Errorf("membership: join %q: %w", n.ID, ErrRemovedNode)
+		}
 		other := "?"
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			var o NodeInfo

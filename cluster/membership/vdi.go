@@ -41,6 +41,15 @@ type VDI struct {
 	// node that was one of an object's replicas in every epoch since
 	// then has received every write of it.
 	Epoch uint64 `json:"epoch"`
+	// CopiesBefore is what AlterCopies changed, oldest first: the VDI
+	// had CopiesBefore[i].Copies in the epochs below
+	// CopiesBefore[i].Until (and at or past the previous entry's), and
+	// Copies from the last entry's Until on. CopiesAt reads it.
+	CopiesBefore []CopiesChange `json:"copies_before,omitempty"`
+	// CopiesKnownFrom is the first epoch whose copies the record still
+	// knows: older entries of CopiesBefore were dropped (at most
+	// MaxCopiesHistory are kept). 0: every epoch since creation.
+	CopiesKnownFrom uint64 `json:"copies_known_from,omitempty"`
 }
 
 // StateReady is the State of a VDI that can be served.

@@ -260,6 +260,14 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 	case "vdi.resize":
 		vd, err := mc.ResizeVDI(ctx, ar.Name, ar.Size, ar.Shrink)
 		return vd, nil, err
+	case "vdi.alter-copy":
+		vd, err := mc.AlterCopies(ctx, ar.Name, ar.Copies)
+		return vd, nil, err
+	case "node.remove":
+		if err := mc.RemoveNode(ctx, ar.Name); err != nil {
+			return nil, nil, err
+		}
+		return map[string]string{"removed": ar.Name}, nil, nil
 	case "vdi.read":
 		return n.adminRead(ctx, ar)
 	case "vdi.write":
@@ -335,7 +343,7 @@ func (n *Node) readDevice(ctx context.Context, name string) (*gateway.Device, er
 	if err != nil {
 		return nil, err
 	}
-	return gateway.Open(ctx, gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies,
+	return gateway.Open(ctx, gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, CopiesAt: copiesAt(v),
 		ObjectShift: v.ObjectShift, Views: n.views, Net: n.net, Local: n.id})
 }
 
@@ -394,9 +402,12 @@ func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 
 // check compares every replica of every object, for the admin command.
 func (n *Node) check(ctx context.Context) (*CheckReport, error) {
+	// The view first: a table read after it has every change of copies
+	// its epoch was made with (VDI.CopiesAt).
+	v := n.views.View()
 	vs, err := n.mc.ListVDIs(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return Check(ctx, n.net, n.views.View(), vs, nil)
+	return Check(ctx, n.net, v, vs, nil)
 }

@@ -12,31 +12,54 @@ import (
 // authority keeps what recovery reads from etcd again and again: the
 // views of past epochs, which never change once written, and the VDIs'
 // records (their shape: copies and object size).
+//
+// A record gives the copies of every epoch up to the one the node knew
+// when it was read (membership.VDI.CopiesAt: a change of copies is
+// written with its epoch), so each is kept with that epoch, and one
+// asked for a later epoch is read again.
 type authority struct {
 	n *Node
 
 	mu    sync.Mutex
 	views map[uint64]*gateway.View
-	vdis  map[object.VDI]membership.VDI
+	vdis  map[object.VDI]knownVDI
+}
+
+// knownVDI is a VDI's record and the node's epoch when it was read.
+type knownVDI struct {
+	rec  membership.VDI
+	seen uint64
 }
 
 func newAuthority(n *Node) *authority {
-	return &authority{n: n, views: map[uint64]*gateway.View{}, vdis: map[object.VDI]membership.VDI{}}
+	return &authority{n: n, views: map[uint64]*gateway.View{}, vdis: map[object.VDI]knownVDI{}}
 }
 
+// vdi returns the VDI's record, for its object size.
 func (a *authority) vdi(ctx context.Context, id object.VDI) (membership.VDI, error) {
+	return a.vdiAt(ctx, id, 0)
+}
+
+// vdiAt returns a record of the VDI read once epoch e was known, so that
+// its CopiesAt(e) holds.
+func (a *authority) vdiAt(ctx context.Context, id object.VDI, e uint64) (membership.VDI, error) {
 	a.mu.Lock()
-	v, ok := a.vdis[id]
+	k, ok := a.vdis[id]
 	a.mu.Unlock()
-	if ok {
-		return v, nil
+	if ok && k.seen >= e {
+		return k.rec, nil
 	}
+	// The epoch known before the read; any caller asking for e holds a
+	// view of e, so the read comes after e was written either way.
+	seen := max(a.n.views.Epoch(), e)
 	v, err := a.n.mc.GetVDIByID(ctx, id)
 	if err != nil {
 		return v, err
 	}
 	a.mu.Lock()
-	a.vdis[id] = v
+	if k, ok := a.vdis[id]; !ok || k.seen < seen {
+		a.vdis[id] = knownVDI{rec: v, seen: seen}
+	}
 	a.mu.Unlock()
 	return v, nil
 }
@@ -68,6 +91,6 @@ func (a *authority) view(ctx context.Context, e uint64) (*gateway.View, error) {
 // changed) since they were read is seen: each recovery run starts so.
 func (a *authority) forgetVDIs() {
 	a.mu.Lock()
-	a.vdis = map[object.VDI]membership.VDI{}
+	a.vdis = map[object.VDI]knownVDI{}
 	a.mu.Unlock()
 }

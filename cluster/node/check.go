@@ -14,8 +14,9 @@ import (
 )
 
 // Check compares every copy of every object the nodes of v hold: each
-// object of a VDI in vdis must be on exactly its replicas in v, with
-// equal checksums. It reports missing copies, copies that differ, copies
+// object of a VDI in vdis must be on exactly its replicas in v (for its
+// copies in v's epoch: vdis must be read after v), with equal
+// checksums. It reports missing copies, copies that differ, copies
 // on nodes that should not hold them and objects of no VDI. progress,
 // when not nil, is called as objects are done (done of total). net
 // reaches the nodes (protocol.Pool, or a node's own caller).
@@ -117,7 +118,9 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 	if !ok {
 		return []CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders, Kind: "orphan"}}, 0, nil
 	}
-	n := min(vd.Copies, v.Map.Zones())
+	// The copies of v's epoch: vdis were read after v was (VDI.CopiesAt).
+	c, _ := vd.CopiesAt(v.Epoch)
+	n := min(c, v.Map.Zones())
 	want, err := v.Map.Place(o, n, nil)
 	if err != nil {
 		return nil, 0, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -54,6 +55,82 @@ type Handler struct {
 	// holds by its own clock; a node whose lease may have expired serves
 	// nothing but HELLO and admin requests.
 	Live func(now time.Time) bool
+
+	// changing counts the mutating requests being served, by epoch, so
+	// that recovery of an epoch sees none of an older one land after it
+	// looked (drainOlder).
+	changing admitted
+}
+
+// admitted counts requests in progress by epoch. The zero value is
+// ready. Locking: mu guards n and wake only; nothing waits under it.
+type admitted struct {
+	mu   sync.Mutex
+	n    map[uint64]int
+	wake chan struct{} // closed and replaced when a count falls to 0
+}
+
+func (a *admitted) enter(e uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil {
+		a.n = map[uint64]int{}
+	}
+	a.n[e]++
+}
+
+func (a *admitted) leave(e uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n[e]--; a.n[e] > 0 {
+		return
+	}
+	delete(a.n, e)
+	if a.wake != nil {
+		close(a.wake)
+		a.wake = nil
+	}
+}
+
+// drain returns once no request of an epoch below e is in progress, or
+// with ctx's error.
+func (a *admitted) drain(ctx context.Context, e uint64) error {
+	for {
+		a.mu.Lock()
+		busy := false
+		for ep := range a.n {
+			busy = busy || ep < e
+		}
+		if !busy {
+			a.mu.Unlock()
+			return nil
+		}
+		if a.wake == nil {
+			a.wake = make(chan struct{})
+		}
+		wake := a.wake
+		a.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// mutating says whether op changes an object's copy.
+func mutating(op protocol.Op) bool {
+	switch op {
+	case protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard, protocol.OpRemove:
+		return true
+	}
+	return false
+}
+
+// recovers says whether req is recovery looking at this node's copies
+// for its epoch: a listing, or a stat or read of the copy as it is.
+func recovers(req *protocol.Request) bool {
+	return req.Op == protocol.OpListFor || onObject(req.Op) && req.Flags&protocol.FlagRecovery != 0
 }
 
 // epochChecked says whether op carries an epoch that must match: every
@@ -72,6 +149,13 @@ func (h *Handler) Serve(ctx context.Context, req *protocol.Request, resp *protoc
 }
 
 func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
+	if epochChecked(req.Op) && mutating(req.Op) {
+		// Counted before the epoch check: a recovery of a newer epoch
+		// either waits for this request, or comes before it, and then
+		// this node knows the newer epoch and refuses it (drainOlder).
+		h.changing.enter(req.Epoch)
+		defer h.changing.leave(req.Epoch)
+	}
 	cur := h.Epochs.Epoch()
 	resp.Epoch = cur
 	if epochChecked(req.Op) && h.Live != nil && !h.Live(time.Now()) {
@@ -96,6 +180,12 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 				return
 			}
 			resp.Epoch = h.Epochs.Epoch()
+		}
+	}
+	if epochChecked(req.Op) && recovers(req) {
+		if err := h.drainOlder(ctx, req.Epoch); err != nil {
+			fail(resp, protocol.StatusNewEpoch, fmt.Sprintf("request of epoch %d: writes of an older epoch are still being applied here: %v", req.Epoch, err))
+			return
 		}
 	}
 	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList && req.Op != protocol.OpListFor {
@@ -125,6 +215,24 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		resp.Payload = resp.Payload[:0]
 		h.apply(ctx, req, resp)
 	}
+}
+
+// drainOlder waits, at most CatchUp, until no write admitted in an epoch
+// before e is still being applied here. Recovery of epoch e decides from
+// what this node's copies hold (listings, stats) and copies them (reads):
+// a write of the older epoch admitted before this node learned e, but
+// applied after recovery looked, would reach this copy and the older
+// epoch's other replicas and never the new replica, which would keep a
+// copy without it, of the same version or newer. Writes of e itself
+// reach the new replica too, so they need no wait.
+func (h *Handler) drainOlder(ctx context.Context, e uint64) error {
+	wait := h.CatchUp
+	if wait == 0 {
+		wait = 2 * time.Second
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return h.changing.drain(wctx, e)
 }
 
 // onObject says whether op reads or changes one object's copy, so that

@@ -120,7 +120,20 @@ func (n *Node) keepMember(ctx context.Context) {
 // succeeds (true) or ctx ends (false).
 func (n *Node) rejoin(ctx context.Context) bool {
 	start := time.Now()
-	if !untilDone(ctx, "rejoining the membership", n.log, n.joinAgain) {
+	var removed error
+	if !untilDone(ctx, "rejoining the membership", n.log, func(ctx context.Context) error {
+		err := n.joinAgain(ctx)
+		if errors.Is(err, membership.ErrRemovedNode) {
+			removed = err // final: ovis node remove was run for this node
+			return nil
+		}
+		return err
+	}) {
+		return false
+	}
+	if removed != nil {
+		n.log.Error("removed from the cluster while away: stopping", "err", removed)
+		n.stop(fmt.Errorf("node: %w", removed))
 		return false
 	}
 	n.log.Info("rejoined the membership", "epoch", n.views.Epoch(), "away", time.Since(start).Round(time.Millisecond))

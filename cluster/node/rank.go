@@ -48,7 +48,7 @@ func (r *recoverer) newRanker(ctx context.Context, e uint64) (*ranker, error) {
 // nodes that holds nothing an Absent copy with its rank, when that rank
 // says something (above 0).
 func (k *ranker) rank(ctx context.Context, obj object.ID, copies []recovery.Copy, nodes []string) ([]recovery.Copy, error) {
-	vd, err := k.r.a.vdi(ctx, obj.VDI())
+	vd, err := k.r.a.vdiAt(ctx, obj.VDI(), k.upTo)
 	if errors.Is(err, membership.ErrNoVDI) {
 		return copies, nil // placed nowhere: recovery drops it
 	}
@@ -103,18 +103,25 @@ func viewIDs(v *gateway.View) []string {
 
 // placedRun returns the last epoch of the unbroken run of epochs from s
 // up to upTo in which node id is placed for obj, and 0 when it is not
-// placed in s (or s is 0). An epoch etcd no longer keeps ends the run.
+// placed in s (or s is 0). An epoch etcd no longer keeps, or whose
+// copies the VDI's record no longer says, ends the run.
 // placed caches obj's placement by epoch across calls.
 func (r *recoverer) placedRun(ctx context.Context, obj object.ID, vd membership.VDI, id string, s, upTo uint64, placed map[uint64][]string) (uint64, error) {
 	var buf [16]string
 	placedAt := func(e uint64) (bool, error) {
 		reps, ok := placed[e]
 		if !ok {
+			// Each epoch's own copies (membership.AlterCopies); an epoch
+			// older than the record's history of them is not known.
+			copies, known := vd.CopiesAt(e)
+			if !known {
+				return false, membership.ErrNoEpoch
+			}
 			v, err := r.a.view(ctx, e)
 			if err != nil {
 				return false, err
 			}
-			if reps, err = v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), buf[:0]); err != nil {
+			if reps, err = v.Map.Place(obj, min(copies, v.Map.Zones()), buf[:0]); err != nil {
 				return false, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
 			}
 			reps = slices.Clone(reps)

@@ -376,14 +376,17 @@ func (r *recoverer) placedOn(ctx context.Context, v *gateway.View, obj object.ID
 var errNoVDI = errors.New("no such VDI")
 
 func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID) ([]string, error) {
-	vd, err := r.a.vdi(ctx, obj.VDI())
+	vd, err := r.a.vdiAt(ctx, obj.VDI(), v.Epoch)
 	if err != nil {
 		if errors.Is(err, membership.ErrNoVDI) {
 			return nil, fmt.Errorf("object %s: %w", obj, errNoVDI)
 		}
 		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
 	}
-	reps, err := v.Map.Place(obj, min(vd.Copies, v.Map.Zones()), nil)
+	// The copies of v's epoch, not the newest: requests of that epoch
+	// were placed with them (membership.AlterCopies).
+	copies, _ := vd.CopiesAt(v.Epoch)
+	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), nil)
 	if err != nil {
 		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, v.Epoch, err)
 	}
@@ -663,7 +666,7 @@ func (r *recoverer) statAll(ctx context.Context, v *gateway.View, obj object.ID)
 // from its last recovered one (or the VDI's creation, when later) to e:
 // every write of obj since then reached it.
 func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bool, error) {
-	vd, err := r.a.vdi(ctx, obj.VDI())
+	vd, err := r.a.vdiAt(ctx, obj.VDI(), e)
 	if err != nil {
 		if errors.Is(err, membership.ErrNoVDI) {
 			return true, nil // no VDI: nothing to serve, nothing to recover

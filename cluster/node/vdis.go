@@ -93,7 +93,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		}
 		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
 	}
-	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectShift: v.ObjectShift,
+	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, CopiesAt: copiesAt(v), ObjectShift: v.ObjectShift,
 		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict,
 		Live: r.n.live, AwaitLive: r.n.awaitLive}
 	if lk != nil {
@@ -126,6 +126,15 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		r.n.m.Locks.Inc()
 	}
 	return o, nil
+}
+
+// copiesAt gives a gateway the copies of v's record per epoch, for the
+// views that do not list v (it was created after their table was read).
+func copiesAt(v membership.VDI) func(uint64) int {
+	return func(e uint64) int {
+		n, _ := v.CopiesAt(e)
+		return n
+	}
 }
 
 // resize gives o's device the size of the record read at rev, unless a

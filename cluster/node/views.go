@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
 )
 
@@ -39,6 +41,13 @@ func ViewOf(mv membership.View) (*gateway.View, error) {
 // FollowViews starts following c's epochs from its current one. It
 // returns once the current epoch is known. The goroutine it starts ends
 // with ctx; Wait waits for it.
+//
+// Each view carries the VDIs' copies in its epoch (View.Copies), from
+// the VDI table read once the epoch is known: AlterCopies writes the
+// record and the epoch in one txn, so that read sees every change up to
+// the epoch, and the record's history (VDI.CopiesAt) gives the epoch's
+// copies even when a later change is read too. A view is handed out
+// only with its table, so that no request is placed with old copies.
 func FollowViews(ctx context.Context, c *membership.Client, log *slog.Logger) (*Views, error) {
 	mv, err := c.View(ctx)
 	if err != nil {
@@ -46,6 +55,9 @@ func FollowViews(ctx context.Context, c *membership.Client, log *slog.Logger) (*
 	}
 	v, err := ViewOf(mv)
 	if err != nil {
+		return nil, err
+	}
+	if v.Copies, err = copiesIn(ctx, c, mv.Epoch); err != nil {
 		return nil, err
 	}
 	vs := &Views{v: v, wake: make(chan struct{}), log: log, done: make(chan struct{})}
@@ -60,10 +72,43 @@ func FollowViews(ctx context.Context, c *membership.Client, log *slog.Logger) (*
 				log.Warn("membership epoch skipped", "epoch", mv.Epoch, "err", err)
 				continue
 			}
+			for backoff := 50 * time.Millisecond; ; backoff = min(2*backoff, 2*time.Second) {
+				if v.Copies, err = copiesIn(ctx, c, mv.Epoch); err == nil || ctx.Err() != nil {
+					break
+				}
+				// Without the table the epoch's copies are unknown: the
+				// requests of the older epoch are refused meanwhile,
+				// and wait, as for any epoch not yet known here.
+				log.Warn("membership epoch: reading the VDI table", "epoch", mv.Epoch, "err", err)
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+				}
+			}
+			if ctx.Err() != nil {
+				return
+			}
 			vs.set(v)
 		}
 	}()
 	return vs, nil
+}
+
+// copiesIn reads the VDI table and returns each VDI's copies in epoch e.
+// The caller knows e already, so the read sees every change of copies
+// made with e or before.
+func copiesIn(ctx context.Context, c *membership.Client, e uint64) (map[object.VDI]int, error) {
+	vds, err := c.ListVDIs(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("node: the VDIs' copies in epoch %d: %w", e, err)
+	}
+	m := make(map[object.VDI]int, len(vds))
+	for _, vd := range vds {
+		// An epoch older than the record's history cannot be the one
+		// just written: its copies are always known here.
+		m[vd.ID], _ = vd.CopiesAt(e)
+	}
+	return m, nil
 }
 
 // Wait waits for the watching goroutine to end (its context ended).

@@ -208,7 +208,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
 	tf.add(cmd)
-	cmd.AddCommand(newNodeListCmd(), newNodeRecoveryCmd())
+	cmd.AddCommand(newNodeListCmd(), newNodeRecoveryCmd(), newNodeRemoveCmd())
 	return cmd
 }
 
@@ -234,6 +234,30 @@ func newNodeListCmd() *cobra.Command {
 						img.FormatSize(uint64(n.Allocated)), img.FormatSize(uint64(max(n.Free, 0))))
 				}
 			})
+		},
+	}
+	af.add(cmd)
+	return cmd
+}
+
+// newNodeRemoveCmd removes a node that will never return.
+func newNodeRemoveCmd() *cobra.Command {
+	var af adminFlags
+	cmd := &cobra.Command{
+		Use:   "remove ID",
+		Short: "Remove a dead node for good, so that recovery stops waiting for it",
+		Long: "remove is for a node that will never come back (its disk died). Recovery keeps the tombstones of " +
+			"removed data until every node that ever held copies has seen them; a node that is away holds that up. " +
+			"After remove the others stop waiting for it, and the node's ID may never join again: its old copies could " +
+			"bring deleted data back. A node that is still registered is refused. To bring the machine back, start it " +
+			"on an empty data directory: it joins with a new ID and recovery fills it.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var out map[string]string
+			if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.remove", Name: args[0]}, nil, &out); err != nil {
+				return err
+			}
+			return af.print(cmd.OutOrStdout(), out, func(w io.Writer) { fmt.Fprintf(w, "removed node %s\n", args[0]) })
 		},
 	}
 	af.add(cmd)
@@ -508,8 +532,41 @@ func newVDICmd() *cobra.Command {
 		c.Flags().BoolVar(&shrink, "shrink", false, "allow the VDI to shrink (data past the new end is lost)")
 		cmd.AddCommand(c)
 	}
-	cmd.AddCommand(newVDIReadCmd(), newVDIWriteCmd(), newVDILockCmd())
+	cmd.AddCommand(newVDIAlterCopyCmd(), newVDIReadCmd(), newVDIWriteCmd(), newVDILockCmd())
 	return cmd
+}
+
+// newVDIAlterCopyCmd is Sheepdog's `dog vdi alter-copy`: the cluster
+// moves to the new copies from the next epoch on.
+func newVDIAlterCopyCmd() *cobra.Command {
+	var af adminFlags
+	c := &cobra.Command{
+		Use:   "alter-copy NAME COPIES",
+		Short: "Change a VDI's copies; recovery then makes or drops copies to match",
+		Long: "alter-copy sets the copies of every object of the VDI. The change comes with a new epoch: " +
+			"every node recovers it (new holders pull their copies, extra ones are dropped once the others have theirs), " +
+			"and requests go on meanwhile. `ovis cluster check` shows when every object has its copies.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n < 1 {
+				return fmt.Errorf("copies %q: want a whole number from 1 to %d", args[1], membership.MaxCopies)
+			}
+			var v membership.VDI
+			if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.alter-copy", Name: args[0], Copies: n}, nil, &v); err != nil {
+				return err
+			}
+			return af.print(cmd.OutOrStdout(), v, func(w io.Writer) {
+				from := "unchanged"
+				if k := len(v.CopiesBefore); k > 0 && v.CopiesBefore[k-1].Copies != v.Copies {
+					from = fmt.Sprintf("from epoch %d (was %d)", v.CopiesBefore[k-1].Until, v.CopiesBefore[k-1].Copies)
+				}
+				fmt.Fprintf(w, "vdi %s: %d copies, %s\n", v.Name, v.Copies, from)
+			})
+		},
+	}
+	af.add(c)
+	return c
 }
 
 // rangeArgs parses [OFFSET [LEN]].
