@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -74,9 +76,48 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 	defer cl.gate.RUnlock()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
+	// fio's NBD engine can spin on a connection its server dropped: once
+	// the home has been down for 15 s, fio is ended (an explained error).
+	d0, _ := cl.disturbance(home)
+	var hung atomic.Bool
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		var since time.Time
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			d, up := cl.disturbance(home)
+			if d == d0 && up {
+				continue
+			}
+			if since.IsZero() {
+				since = time.Now()
+			} else if time.Since(since) > 15*time.Second {
+				hung.Store(true)
+				cancel()
+				return
+			}
+		}
+	}()
 	cmd := cl.c.nt.CommandContext(ctx, home.slot, "fio", args...)
-	out, err := cmd.CombinedOutput()
+	// fio forks its job: end the whole process group, not the parent only.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var buf capBuffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	cmd.WaitDelay = 10 * time.Second
+	err := cmd.Run()
+	cancel()
+	out := buf.Bytes()
+	<-watched
 	fmt.Fprintf(cl.log, "=== %s fio %s (on %s): %v\n%s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(args, " "), home.name, err, out)
+	if hung.Load() {
+		return fioError, "fio still running 15 s after its node went down: ended"
+	}
 	o := string(out)
 	if strings.Contains(o, "verify:") || strings.Contains(o, "verify failed") || strings.Contains(o, "bad magic") || strings.Contains(o, "err=84") {
 		return fioMismatch, excerpt(o, "verify")
@@ -176,6 +217,11 @@ func (cl *client) run(ctx, stop context.Context) {
 			cl.reverify(ctx, stop, "after its node came back")
 		default:
 			cl.rep.check("client-round", false, "%s round %d: region %d through %s failed with its node up: %s", cl.name, cl.round, r, home.name, ex)
+			select { // no storm of failing rounds
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
 			cl.reverify(ctx, stop, "after an error")
 		}
 	}
@@ -267,4 +313,42 @@ func (cl *client) regionHash(ctx context.Context, r int) (hash, via string, err 
 		err = errors.New("no node is up")
 	}
 	return "", "", fmt.Errorf("reading region %d back: %w", r, err)
+}
+
+// capBuffer keeps the first and the last 32 KiB written to it: a fio
+// spinning on a dead connection prints the same error without end.
+type capBuffer struct {
+	mu         sync.Mutex
+	head, tail []byte
+	dropped    int64
+}
+
+const capHalf = 32 << 10
+
+func (b *capBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(p)
+	if room := capHalf - len(b.head); room > 0 {
+		k := min(room, len(p))
+		b.head = append(b.head, p[:k]...)
+		p = p[k:]
+	}
+	b.tail = append(b.tail, p...)
+	if over := len(b.tail) - capHalf; over > 0 {
+		b.dropped += int64(over)
+		b.tail = append(b.tail[:0], b.tail[over:]...)
+	}
+	return n, nil
+}
+
+// Bytes returns the head, a note of what was dropped, and the tail.
+func (b *capBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := append([]byte(nil), b.head...)
+	if b.dropped > 0 {
+		out = fmt.Appendf(out, "\n[... %d bytes dropped ...]\n", b.dropped)
+	}
+	return append(out, b.tail...)
 }

@@ -221,7 +221,9 @@ func (c *cluster) exitedProc(m *member, cmd *exec.Cmd, err error) {
 	}
 	expect, fenced, state := m.expect, m.fenceable, m.state
 	if !expect {
-		m.state = "exited"
+		if state != "cut" && state != "healing" {
+			m.state = "exited" // afterHeal restarts a node cut off
+		}
 		m.disturbed++
 	}
 	c.mu.Unlock()
@@ -256,6 +258,30 @@ func (c *cluster) signal(m *member, sig syscall.Signal) error {
 		<-ex
 		return fmt.Errorf("%s did not end in 60 s after %v; killed", m.name, sig)
 	}
+}
+
+// logSize returns the size of m's log now, for logSince.
+func (c *cluster) logSize(m *member) int64 {
+	fi, err := os.Stat(filepath.Join(c.base, m.name+".log"))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// logSince returns the first line of m's log past offset mark that
+// contains s, "" when there is none.
+func (c *cluster) logSince(m *member, mark int64, s string) string {
+	b, _ := os.ReadFile(filepath.Join(c.base, m.name+".log"))
+	if int64(len(b)) < mark {
+		return ""
+	}
+	for _, l := range strings.Split(string(b[mark:]), "\n") {
+		if strings.Contains(l, s) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
 }
 
 func (c *cluster) logTail(m *member, n int) string {

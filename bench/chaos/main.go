@@ -140,8 +140,15 @@ func run(ctx context.Context, cfg config) int {
 		d.event(ctx)
 		d.settleAndCheck(ctx, "after the event")
 	}
-	rep.info("end", "the chaos is over: clients finish their rounds, every node returns, final checks")
 	endRounds()
+	if ctx.Err() != nil {
+		cancelClients()
+		wg.Wait()
+		rep.info("interrupted", "stopped by a signal: no final checks")
+		rep.summary(fmt.Sprintf("seed %d, interrupted", cfg.seed))
+		return 1
+	}
+	rep.info("end", "the chaos is over: clients finish their rounds, every node returns, final checks")
 	wg.Wait()
 	cancelClients()
 	for _, m := range c.byState("killed", "stopped", "exited") {
@@ -208,7 +215,7 @@ func (d *driver) counts() (up, down, members int) {
 		case "up":
 			up++
 			members++
-		case "killed", "stopped", "cut", "exited", "starting":
+		case "killed", "stopped", "cut", "healing", "exited", "starting":
 			down++
 			members++
 		}
@@ -316,6 +323,7 @@ func (d *driver) event(ctx context.Context) {
 		m.fenceable = true
 		m.disturbed++
 		d.c.mu.Unlock()
+		mark := d.c.logSize(m)
 		if err := d.c.nt.Cut(m.slot); err != nil {
 			d.rep.check("partition", false, "%v", err)
 			return
@@ -328,16 +336,7 @@ func (d *driver) event(ctx context.Context) {
 			d.rep.check("partition", false, "%v", err)
 			return
 		}
-		d.c.mu.Lock()
-		st := m.state
-		if st == "cut" {
-			m.state = "up"
-		}
-		d.c.mu.Unlock()
-		d.rep.event("heal", "%s joined again (process %s)", m.name, map[bool]string{true: "still running", false: "had exited"}[st == "cut"])
-		if st == "exited" {
-			d.restart(ctx, m)
-		}
+		d.afterHeal(ctx, m, mark)
 	case "join":
 		d.c.mu.Lock()
 		m, err := d.c.newMemberLocked()
@@ -368,6 +367,60 @@ func (d *driver) event(ctx context.Context) {
 		m.state = "left"
 		d.c.slots[m.slot] = nil
 		d.c.mu.Unlock()
+	}
+}
+
+// afterHeal settles a healed member: a node that logged the loss of its
+// lease since mark (the cut) is stopping, and is restarted once it has
+// exited; one that did not within 10 s of the heal rode the partition
+// out and is up. Clients wait meanwhile (the member is not up).
+func (d *driver) afterHeal(ctx context.Context, m *member, mark int64) {
+	d.c.mu.Lock()
+	if m.state == "cut" {
+		m.state = "healing"
+	}
+	ex := m.exited
+	d.c.mu.Unlock()
+	healed := time.Now()
+	d.rep.event("heal", "%s is on the network again", m.name)
+	for {
+		select {
+		case <-ex:
+			d.c.mu.Lock()
+			m.state = "exited"
+			d.c.mu.Unlock()
+			d.rep.info("heal-outcome", "%s had exited (%v after the heal): restarting it", m.name, time.Since(healed).Round(100*time.Millisecond))
+			d.restart(ctx, m)
+			return
+		default:
+		}
+		fenced := d.c.logSince(m, mark, "lost the membership lease")
+		if fenced == "" && time.Since(healed) > 10*time.Second {
+			d.c.mu.Lock()
+			if m.state == "healing" {
+				m.state = "up"
+			}
+			d.c.mu.Unlock()
+			d.rep.expected("partition-ridden-out", "%s kept its lease through the partition and runs on", m.name)
+			return
+		}
+		if fenced != "" {
+			select {
+			case <-ex:
+				continue
+			case <-time.After(60 * time.Second):
+				d.rep.check("fenced-node-exits", false, "%s logged the loss of its lease (%s) but had not exited 60 s after the heal; killed", m.name, fenced)
+				d.c.signal(m, syscall.SIGKILL)
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
 
