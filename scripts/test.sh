@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server strace cpio)
-tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd strace cpio)
+# iproute2's ip: internal/netns (network namespaces for partitions; root).
+packages=(qemu-utils fio libnbd-bin nbdkit qemu-system-x86 etcd-server strace cpio iproute2)
+tools=(qemu-img fio nbdinfo nbdkit qemu-system-x86_64 etcd strace cpio ip)
 
 missing=()
 for i in "${!tools[@]}"; do
