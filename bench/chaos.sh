@@ -9,6 +9,7 @@
 # Usage: bench/chaos.sh [-minutes N] [-seed S] [other flags of bench/chaos]
 #   OUT=file  also writes the output there
 #   KEEP=1    keeps the data directory and the logs (printed at the start)
+GIVEN_BENCH_DIR=${BENCH_DIR:-}
 source "$(dirname "$0")/lib.sh"
 need_tools
 command -v etcd >/dev/null || { echo "etcd missing: run scripts/test.sh (Debian's etcd-server)" >&2; exit 1; }
@@ -20,6 +21,7 @@ DIR=$(mktemp -d /dev/shm/ovis-chaos.XXXXXX)
 cleanup() {
 	[ -n "${KEEP:-}" ] && { echo "kept $DIR" >&2; return; }
 	rm -rf "$DIR" "$(dirname "$CHAOS")"
+	[ -n "$GIVEN_BENCH_DIR" ] || rm -rf "$BENCH_DIR"
 }
 trap cleanup EXIT
 echo "# $(date -Is) ovis $(git -C "$ROOT" rev-parse --short HEAD); load $(cut -d' ' -f1-3 /proc/loadavg)"
