@@ -7,6 +7,7 @@
 # exit code is non-zero if anything failed. Needs root (namespaces).
 #
 # Usage: bench/chaos.sh [-minutes N] [-seed S] [other flags of bench/chaos]
+#   -sabotage junk|stale  self-test: the run must fail (docs/recovery.md)
 #   OUT=file  also writes the output there
 #   KEEP=1    keeps the data directory and the logs (printed at the start)
 GIVEN_BENCH_DIR=${BENCH_DIR:-}

@@ -267,7 +267,11 @@ func (cl *client) reverify(ctx, stop context.Context, why string) bool {
 				interrupted = true
 				break
 			}
-			cl.rep.check("client-reverify", false, "%s re-verify %s, region %d through %s: %s", cl.name, why, r, home.name, ex)
+			what := "failed"
+			if res == fioMismatch {
+				what = "VERIFY MISMATCH"
+			}
+			cl.rep.check("client-reverify", false, "%s re-verify %s, region %d through %s: %s: %s", cl.name, why, r, home.name, what, ex)
 			ok = false
 			delete(cl.known, r)
 		}

@@ -28,11 +28,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"os/signal"
 	"sync"
 	"syscall"
@@ -53,6 +55,7 @@ type config struct {
 	minGap   time.Duration
 	maxGap   time.Duration
 	settleTO time.Duration
+	sabotage string
 }
 
 func main() {
@@ -68,6 +71,7 @@ func main() {
 	flag.DurationVar(&cfg.minGap, "min-gap", 10*time.Second, "shortest pause between a check and the next event")
 	flag.DurationVar(&cfg.maxGap, "max-gap", 40*time.Second, "longest pause between a check and the next event")
 	flag.DurationVar(&cfg.settleTO, "settle-timeout", 3*time.Minute, "how long the cluster may take to settle after an event")
+	flag.StringVar(&cfg.sabotage, "sabotage", "", "self-test: at the end, overwrite 4 KiB of a verified region of c0 behind its back, with junk (\"junk\") or with c1's block at that offset, which passes fio's checks (\"stale\"); the run must then fail")
 	flag.Parse()
 	if cfg.ovis == "" || cfg.copies < 2 || cfg.nodes < cfg.copies+1 || cfg.slots < cfg.nodes || cfg.clients < 1 || cfg.clients > cfg.nodes {
 		fmt.Fprintln(os.Stderr, "chaos: need -ovis, copies ≥ 2, nodes ≥ copies+1, slots ≥ nodes, 1 ≤ clients ≤ nodes")
@@ -153,6 +157,9 @@ func run(ctx context.Context, cfg config) int {
 	cancelClients()
 	for _, m := range c.byState("killed", "stopped", "exited") {
 		d.restart(ctx, m)
+	}
+	if cfg.sabotage != "" {
+		d.sabotage(ctx, cfg.sabotage)
 	}
 	d.settleAndCheck(ctx, "at the end")
 	for _, cl := range d.cls {
@@ -498,4 +505,48 @@ func (d *driver) settleAndCheck(ctx context.Context, when string) {
 		m.fenceable = m.fenceable && m.state != "up"
 	}
 	d.c.mu.Unlock()
+}
+
+// sabotage overwrites 4 KiB in the middle of a region the first client
+// completed, through the cluster, as a lost or misdirected write would
+// leave it: with junk (kind "junk"), or with the second client's block
+// at the same offset (kind "stale"), an intact fio block with the right
+// offset that fio's verify_only accepts, so that only the read-back hash
+// can catch it. The final re-verification must report it.
+func (d *driver) sabotage(ctx context.Context, kind string) {
+	cl := d.cls[0]
+	for r := range regions {
+		if _, ok := cl.known[r]; !ok {
+			continue
+		}
+		off := r*regionSize + regionSize/2
+		addr, err := d.c.adminNode()
+		var data []byte
+		switch {
+		case err != nil:
+		case kind == "stale" && len(d.cls) > 1:
+			data, err = d.c.adminBytes(ctx, addr, "vdi", "read", d.cls[1].name, fmt.Sprint(off), "4096")
+		case kind == "junk":
+			data = make([]byte, 4096)
+			for i := range data {
+				data[i] = byte(d.rng.Uint32())
+			}
+		default:
+			err = fmt.Errorf("-sabotage %q: want junk, or stale with 2 clients or more", kind)
+		}
+		if err == nil {
+			cmd := exec.CommandContext(ctx, d.c.ovis, "vdi", "write", cl.name, fmt.Sprint(off), "4096", "-a", addr)
+			cmd.Stdin = bytes.NewReader(data)
+			if out, werr := cmd.CombinedOutput(); werr != nil {
+				err = fmt.Errorf("%v: %s", werr, out)
+			}
+		}
+		if err != nil {
+			d.rep.check("sabotage", false, "writing behind %s's back: %v", cl.name, err)
+			return
+		}
+		d.rep.event("sabotage", "4 KiB (%s) written into %s region %d (offset %d) behind its back: its re-verification must fail", kind, cl.name, r, off)
+		return
+	}
+	d.rep.info("sabotage", "%s completed no region: nothing to sabotage", cl.name)
 }
