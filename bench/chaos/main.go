@@ -377,10 +377,11 @@ func (d *driver) event(ctx context.Context) {
 	}
 }
 
-// afterHeal settles a healed member: a node that logged the loss of its
-// lease since mark (the cut) is stopping, and is restarted once it has
-// exited; one that did not within 10 s of the heal rode the partition
-// out and is up. Clients wait meanwhile (the member is not up).
+// afterHeal settles a healed member. A node that kept its lease runs
+// on. One that lost it (it logs so) either stops, and is restarted once
+// it has exited (ovis before the rejoin landed), or rejoins the
+// membership by itself (it logs "rejoined the membership"): it is up
+// again then. Clients wait meanwhile (the member is not up).
 func (d *driver) afterHeal(ctx context.Context, m *member, mark int64) {
 	d.c.mu.Lock()
 	if m.state == "cut" {
@@ -402,7 +403,17 @@ func (d *driver) afterHeal(ctx context.Context, m *member, mark int64) {
 		default:
 		}
 		fenced := d.c.logSince(m, mark, "lost the membership lease")
-		if fenced == "" && time.Since(healed) > 10*time.Second {
+		rejoined := d.c.logSince(m, mark, "rejoined the membership")
+		switch {
+		case rejoined != "":
+			d.c.mu.Lock()
+			if m.state == "healing" {
+				m.state = "up"
+			}
+			d.c.mu.Unlock()
+			d.rep.expected("node-rejoined-after-partition", "%s lost its lease and rejoined by itself %v after the heal: %s", m.name, time.Since(healed).Round(100*time.Millisecond), rejoined)
+			return
+		case fenced == "" && time.Since(healed) > 10*time.Second:
 			d.c.mu.Lock()
 			if m.state == "healing" {
 				m.state = "up"
@@ -410,18 +421,10 @@ func (d *driver) afterHeal(ctx context.Context, m *member, mark int64) {
 			d.c.mu.Unlock()
 			d.rep.expected("partition-ridden-out", "%s kept its lease through the partition and runs on", m.name)
 			return
-		}
-		if fenced != "" {
-			select {
-			case <-ex:
-				continue
-			case <-time.After(60 * time.Second):
-				d.rep.check("fenced-node-exits", false, "%s logged the loss of its lease (%s) but had not exited 60 s after the heal; killed", m.name, fenced)
-				d.c.signal(m, syscall.SIGKILL)
-				continue
-			case <-ctx.Done():
-				return
-			}
+		case fenced != "" && time.Since(healed) > 90*time.Second:
+			d.rep.check("fenced-node-returns", false, "%s lost its lease (%s) and had neither rejoined nor exited 90 s after the heal; killed, log tail:\n%s", m.name, fenced, d.c.logTail(m, 3000))
+			d.c.signal(m, syscall.SIGKILL)
+			continue
 		}
 		select {
 		case <-ctx.Done():
