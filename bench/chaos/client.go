@@ -77,8 +77,13 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	// fio's NBD engine can spin on a connection its server dropped: once
-	// the home has been down for 15 s, fio is ended (an explained error).
+	// the home's process has been gone 15 s, fio is ended (an explained
+	// error). A home cut off still runs, and may rejoin by itself: its
+	// client gets 2 minutes to ride the partition out.
 	d0, _ := cl.disturbance(home)
+	cl.c.mu.Lock()
+	p0, ex0 := home.proc, home.exited
+	cl.c.mu.Unlock()
 	var hung atomic.Bool
 	watched := make(chan struct{})
 	go func() {
@@ -90,13 +95,24 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 				return
 			case <-time.After(time.Second):
 			}
-			d, up := cl.disturbance(home)
-			if d == d0 && up {
+			cl.c.mu.Lock()
+			d, st, p := home.disturbed, home.state, home.proc
+			cl.c.mu.Unlock()
+			if d == d0 && st == "up" {
 				continue
+			}
+			limit := 2 * time.Minute // the same process, cut off or back
+			select {
+			case <-ex0:
+				limit = 15 * time.Second
+			default:
+				if p != p0 {
+					limit = 15 * time.Second
+				}
 			}
 			if since.IsZero() {
 				since = time.Now()
-			} else if time.Since(since) > 15*time.Second {
+			} else if time.Since(since) > limit {
 				hung.Store(true)
 				cancel()
 				return
@@ -116,7 +132,7 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 	<-watched
 	fmt.Fprintf(cl.log, "=== %s fio %s (on %s): %v\n%s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(args, " "), home.name, err, out)
 	if hung.Load() {
-		return fioError, "fio still running 15 s after its node went down: ended"
+		return fioError, "fio still running long after its node went down: ended"
 	}
 	o := string(out)
 	if strings.Contains(o, "verify:") || strings.Contains(o, "verify failed") || strings.Contains(o, "bad magic") || strings.Contains(o, "err=84") {
@@ -229,10 +245,13 @@ func (cl *client) run(ctx, stop context.Context) {
 
 // reverify re-reads every region completed before, through the home
 // once it is up again, until a run is not cut short by its node going
-// down. It reports whether all verified.
+// down. It reports whether all verified; it gives up (false) when stop
+// ends while the home is down.
 func (cl *client) reverify(ctx, stop context.Context, why string) bool {
 	for {
-		home := cl.awaitHome(ctx)
+		// A home that is down when the chaos ends returns after the rounds
+		// have ended: the final re-verification covers it then.
+		home := cl.awaitHome(stop)
 		if home == nil {
 			return false
 		}

@@ -145,16 +145,16 @@ func run(ctx context.Context, cfg config) int {
 		d.settleAndCheck(ctx, "after the event")
 	}
 	endRounds()
+	if ctx.Err() == nil {
+		rep.info("end", "the chaos is over: clients finish their rounds, every node returns, final checks")
+	}
+	wg.Wait()
+	cancelClients()
 	if ctx.Err() != nil {
-		cancelClients()
-		wg.Wait()
 		rep.info("interrupted", "stopped by a signal: no final checks")
 		rep.summary(fmt.Sprintf("seed %d, interrupted", cfg.seed))
 		return 1
 	}
-	rep.info("end", "the chaos is over: clients finish their rounds, every node returns, final checks")
-	wg.Wait()
-	cancelClients()
 	for _, m := range c.byState("killed", "stopped", "exited") {
 		d.restart(ctx, m)
 	}
