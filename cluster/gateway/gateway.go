@@ -256,6 +256,27 @@ func (d *Device) Lose(why error) {
 	d.resume()
 }
 
+// Abandon ends a suspension that will not be resolved (the node is
+// closing before it took the lock again): the held requests go on and
+// their writes fail as after Lose. A device not suspended is left as it
+// is.
+func (d *Device) Abandon(why error) {
+	d.mu.Lock()
+	suspended := true
+	select {
+	case <-d.gate:
+		suspended = false
+	default:
+	}
+	if suspended && d.lost == nil {
+		d.lost = why
+	}
+	d.mu.Unlock()
+	if suspended {
+		d.resume()
+	}
+}
+
 // await waits while the device is suspended.
 func (d *Device) await(ctx context.Context) error {
 	d.mu.Lock()

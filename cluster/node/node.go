@@ -467,6 +467,11 @@ func (n *Node) teardown(ctx context.Context) error {
 		n.keepCancel()
 		<-n.keepDone
 	}
+	if n.vdis != nil {
+		// Requests held for a relock that will not come now fail
+		// rather than hold the NBD server's shutdown up.
+		n.vdis.abandon(errors.New("node: closing before the VDI's lock was taken again"))
+	}
 	if n.nsrv != nil {
 		if err := n.nsrv.Shutdown(ctx); err != nil && !errors.Is(err, nbd.ErrServerClosed) {
 			errs = append(errs, err)

@@ -216,6 +216,18 @@ func (r *vdis) suspend() {
 	}
 }
 
+// abandon ends the suspension of every VDI still waiting for relock:
+// the node is closing.
+func (r *vdis) abandon(why error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.open {
+		if o.lock != nil {
+			o.dev.Abandon(why)
+		}
+	}
+}
+
 // relock takes again, under reg, the locks of the VDIs open writable
 // here, after the lease they were held under was lost. Each is taken only
 // when nobody else took it meanwhile (membership.Relock), and the device
