@@ -103,6 +103,12 @@ func TestImportDirection(t *testing.T) {
 				return ours(dep) && !under(dep, "cluster/object") ||
 					direct && (slices.Contains(networkPackages, dep) || dep == "os" || dep == "time" || dep == "math/rand" || dep == "math/rand/v2" || dep == "crypto/rand" || dep == "syscall")
 			}},
+		{"cluster/recovery is pure: no ovis package, no I/O, no clock",
+			func(p string) bool { return under(p, "cluster/recovery") },
+			func(p, dep string, direct bool) bool {
+				return ours(dep) ||
+					direct && (slices.Contains(networkPackages, dep) || dep == "os" || dep == "time" || dep == "math/rand" || dep == "math/rand/v2" || dep == "crypto/rand" || dep == "syscall")
+			}},
 		{"cluster/protocol, the wire format, imports no ovis package but cluster/object, and not etcd",
 			func(p string) bool { return under(p, "cluster/protocol") },
 			func(p, dep string, direct bool) bool {
