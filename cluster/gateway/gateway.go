@@ -247,34 +247,31 @@ func (d *Device) Retoken(ctx context.Context, new uint64) error {
 // Lose makes the device refuse every later write with an error that
 // wraps ErrLeaseLost and says why: its node lost the lease its lock was
 // held under, and could not take the lock again safely. Reads go on.
-func (d *Device) Lose(why error) {
-	d.mu.Lock()
-	if d.lost == nil {
-		d.lost = why
-	}
-	d.mu.Unlock()
-	d.resume()
-}
+func (d *Device) Lose(why error) { d.lose(why, false) }
 
 // Abandon ends a suspension that will not be resolved (the node is
 // closing before it took the lock again): the held requests go on and
 // their writes fail as after Lose. A device not suspended is left as it
 // is.
-func (d *Device) Abandon(why error) {
+func (d *Device) Abandon(why error) { d.lose(why, true) }
+
+// lose records why and lets the held requests go; with onlySuspended,
+// only when the device is suspended.
+func (d *Device) lose(why error, onlySuspended bool) {
 	d.mu.Lock()
-	suspended := true
 	select {
 	case <-d.gate:
-		suspended = false
+		if onlySuspended {
+			d.mu.Unlock()
+			return
+		}
 	default:
 	}
-	if suspended && d.lost == nil {
+	if d.lost == nil {
 		d.lost = why
 	}
 	d.mu.Unlock()
-	if suspended {
-		d.resume()
-	}
+	d.resume()
 }
 
 // await waits while the device is suspended.
