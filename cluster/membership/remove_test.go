@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ovis-storage/ovis/cluster/recovery"
 )
 
 // TestRemoveNode: a live node is refused, naming its address; an ID the
@@ -88,7 +90,7 @@ func TestRemoveNode(t *testing.T) {
 	if _, ok := clean["gone"]; ok || clean["live"] != 10 {
 		t.Fatalf("clean epochs after removing gone: %v", clean)
 	}
-	if f := cleanFloor(t, c); f != 10 {
+	if f := recovery.TombstoneFloor(rec, clean); f != 10 {
 		t.Fatalf("lowest clean epoch %d after the removal, want 10: tombstones still wait for the removed node", f)
 	}
 	rm, err := c.Removed(ctx)
@@ -119,8 +121,8 @@ func TestRemoveNode(t *testing.T) {
 	join(t, c, "new", 0)
 }
 
-// cleanFloor is the rule recovery forgets tombstones by: the lowest
-// clean epoch among the nodes that ever recovered.
+// cleanFloor is the floor recovery forgets tombstones below
+// (recovery.TombstoneFloor) over the records in etcd.
 func cleanFloor(t *testing.T, c *Client) uint64 {
 	t.Helper()
 	rec, err := c.Recovered(ctx)
@@ -131,9 +133,5 @@ func cleanFloor(t *testing.T, c *Client) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	floor := ^uint64(0)
-	for id := range rec {
-		floor = min(floor, clean[id])
-	}
-	return floor
+	return recovery.TombstoneFloor(rec, clean)
 }

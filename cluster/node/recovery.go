@@ -901,10 +901,7 @@ func (r *recoverer) forgetTombstones(ctx context.Context) (kept int, err error) 
 	if err != nil {
 		return 0, err
 	}
-	floor := uint64(1<<64 - 1)
-	for id := range rec {
-		floor = min(floor, clean[id])
-	}
+	floor := recovery.TombstoneFloor(rec, clean)
 	infos, err := r.n.st.List(0)
 	if err != nil {
 		return 0, err

@@ -202,3 +202,18 @@ func MayDrop(self string, placed []string, epoch uint64, recovered map[string]ui
 	}
 	return true
 }
+
+// TombstoneFloor is the epoch below which a tombstone may be forgotten:
+// the lowest clean epoch (clean maps a node to the last epoch after whose
+// recovery it had dropped every copy it no longer holds) among the nodes
+// that ever recovered (recovered's keys). Each of them then holds no copy
+// a tombstone older than that removed, so forgetting it brings nothing
+// back. A node that recovered but was never clean gives 0: nothing may go.
+// With no node at all the floor is the largest epoch.
+func TombstoneFloor(recovered, clean map[string]uint64) uint64 {
+	floor := uint64(1<<64 - 1)
+	for id := range recovered {
+		floor = min(floor, clean[id])
+	}
+	return floor
+}

@@ -72,6 +72,23 @@ func TestMayDrop(t *testing.T) {
 	}
 }
 
+func TestTombstoneFloor(t *testing.T) {
+	tests := []struct {
+		rec, clean map[string]uint64
+		want       uint64
+	}{
+		{map[string]uint64{"a": 5, "b": 6}, map[string]uint64{"a": 4, "b": 6}, 4},
+		{map[string]uint64{"a": 5, "b": 6}, map[string]uint64{"a": 4}, 0},    // b never clean: nothing goes
+		{map[string]uint64{"a": 5}, map[string]uint64{"a": 5, "gone": 1}, 5}, // a node that never recovered counts not
+		{map[string]uint64{}, map[string]uint64{}, 1<<64 - 1},
+	}
+	for _, tt := range tests {
+		if got := TombstoneFloor(tt.rec, tt.clean); got != tt.want {
+			t.Errorf("TombstoneFloor(%v, %v) = %d, want %d", tt.rec, tt.clean, got, tt.want)
+		}
+	}
+}
+
 // copyOf is one node's copy in the model: a version and the write it
 // holds (data), as the store would keep them.
 type copyOf struct {
