@@ -31,17 +31,33 @@ import (
 type ranker struct {
 	r    *recoverer
 	upTo uint64            // the epoch being recovered
-	rec  map[string]uint64 // each node's last recovered epoch
+	rec  map[string]uint64 // each node's last recovered epoch; read only
 }
 
-// newRanker reads every node's recovered epoch for decisions in epoch e.
-func (r *recoverer) newRanker(ctx context.Context, e uint64) (*ranker, error) {
+// rankerFor returns a ranker for decisions in epoch e: the one already
+// made for e (by the run, or an earlier on-demand recovery), so that an
+// object recovered on demand costs no etcd read for it; otherwise one
+// made from every node's recovered epoch, read now. A ranker kept while
+// nodes record newer epochs only ranks lower, which is safe.
+func (r *recoverer) rankerFor(ctx context.Context, e uint64) (*ranker, error) {
+	r.mu.Lock()
+	rk := r.rk
+	r.mu.Unlock()
+	if rk != nil && rk.upTo == e {
+		return rk, nil
+	}
 	rec, err := r.n.mc.Recovered(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
 	}
 	rec[r.n.id] = max(rec[r.n.id], r.done.Load())
-	return &ranker{r: r, upTo: e, rec: rec}, nil
+	rk = &ranker{r: r, upTo: e, rec: rec}
+	r.mu.Lock()
+	if r.rk == nil || r.rk.upTo < e {
+		r.rk = rk
+	}
+	r.mu.Unlock()
+	return rk, nil
 }
 
 // rank sets the Rank of each of obj's copies, and adds for each node of

@@ -73,6 +73,8 @@ type recoverer struct {
 	next    time.Time // when the throttle lets the next pull start
 
 	clean uint64 // the last epoch whose moved copies were all dropped
+
+	rk *ranker // the ranker of the newest epoch decided in (rankerFor)
 }
 
 // RecoveryStats is what node list shows of a node's recovery.
@@ -213,7 +215,7 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if err != nil {
 		return err
 	}
-	rk, err := r.newRanker(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch)
 	if err != nil {
 		return err
 	}
@@ -579,7 +581,7 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 	if err != nil {
 		return err
 	}
-	rk, err := r.newRanker(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch)
 	if err != nil {
 		return err
 	}
