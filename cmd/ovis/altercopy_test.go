@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -51,10 +50,7 @@ func vdiCopies(t *testing.T, n *clusterNode, name string) int {
 		Name   string `json:"name"`
 		Copies int    `json:"copies"`
 	}
-	r := n.mustAdmin(t, "vdi", "list", "--output", "json")
-	if err := json.Unmarshal([]byte(r.stdout), &vs); err != nil {
-		t.Fatal(err, r.stdout)
-	}
+	r := n.mustAdminJSON(t, &vs, "vdi", "list")
 	for _, v := range vs {
 		if v.Name == name {
 			return v.Copies

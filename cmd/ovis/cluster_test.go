@@ -161,6 +161,17 @@ func (n *clusterNode) mustAdmin(t *testing.T, args ...string) result {
 	return r
 }
 
+// mustAdminJSON runs an admin command with --output json, which must
+// succeed, and decodes what it printed into v.
+func (n *clusterNode) mustAdminJSON(t *testing.T, v any, args ...string) result {
+	t.Helper()
+	r := n.mustAdmin(t, append(args, "--output", "json")...)
+	if err := json.Unmarshal([]byte(r.stdout), v); err != nil {
+		t.Fatalf("ovis %s: %v\n%s", strings.Join(args, " "), err, r.stdout)
+	}
+	return r
+}
+
 // startCluster starts count nodes: with an external etcd at etcd, or with
 // the first node embedding one.
 func startCluster(t *testing.T, count int, etcd string, zones ...string) []*clusterNode {

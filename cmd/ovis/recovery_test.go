@@ -166,10 +166,7 @@ func nodeObjects(t *testing.T, n *clusterNode) map[string]int {
 		ID      string `json:"id"`
 		Objects int    `json:"objects"`
 	}
-	lr := n.mustAdmin(t, "node", "list", "--output", "json")
-	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
-		t.Fatal(err, lr.stdout)
-	}
+	n.mustAdminJSON(t, &list, "node", "list")
 	out := map[string]int{}
 	for _, x := range list {
 		out[x.ID] = x.Objects
@@ -331,10 +328,7 @@ func TestClusterRecoveryPauseAndRate(t *testing.T) {
 				Paused  bool   `json:"paused"`
 				Listed  bool   `json:"listed"`
 			}
-			r := n.mustAdmin(t, "node", "recovery", "--output", "json")
-			if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-				t.Fatal(err, r.stdout)
-			}
+			r := n.mustAdminJSON(t, &st, "node", "recovery")
 			if !st.Paused {
 				t.Fatalf("node recovery says not paused: %s", r.stdout)
 			}
@@ -537,10 +531,7 @@ func TestClusterFullDisk(t *testing.T) {
 		ID    string `json:"id"`
 		State string `json:"state"`
 	}
-	lr := n1.mustAdmin(t, "node", "list", "--output", "json")
-	if err := json.Unmarshal([]byte(lr.stdout), &list); err != nil {
-		t.Fatal(err)
-	}
+	lr := n1.mustAdminJSON(t, &list, "node", "list")
 	full := 0
 	for _, n := range list {
 		if n.State == "full" {
