@@ -268,17 +268,14 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 		case err != nil:
 			return fmt.Errorf("node: vdi %q: taking its lock again: %w", o.vdi.Name, err)
 		}
-		if err := o.dev.Retoken(ctx, l.Token); err != nil {
-			// The next try finds the lock ours (under reg) and fences
-			// again.
-			r.mu.Lock()
-			o.lock = &l
-			r.mu.Unlock()
-			return err
-		}
+		// Ours now, under reg: should the fencing fail, the next try's
+		// Relock gives this lock back and fences again.
 		r.mu.Lock()
 		o.lock = &l
 		r.mu.Unlock()
+		if err := o.dev.Retoken(ctx, l.Token); err != nil {
+			return err
+		}
 		r.n.log.Info("vdi lock taken again after the lease was lost", "vdi", o.vdi.Name, "token", l.Token)
 	}
 	return nil
