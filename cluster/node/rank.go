@@ -10,6 +10,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/recovery"
+	"github.com/ovis-storage/ovis/cluster/store"
 )
 
 // ranker ranks the copies of the objects decided in one epoch
@@ -76,7 +77,7 @@ func (k *ranker) rank(ctx context.Context, obj object.ID, copies []recovery.Copy
 		return k.r.placedRun(ctx, obj, vd, id, s, k.upTo, placed)
 	}
 	rankOf := func(id string, version uint64) (uint64, error) {
-		verEpoch := version >> 32
+		verEpoch := store.VersionEpoch(version)
 		best := verEpoch
 		for _, s := range []uint64{max(k.rec[id], vd.Epoch), verEpoch} {
 			e, err := run(id, s)
