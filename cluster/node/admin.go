@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +112,10 @@ func (s NodeStatus) RecoveryState() string {
 		return "done"
 	case !r.Listed:
 		return "listing"
+	case r.Unfound > 0 && r.Pending > 0:
+		return fmt.Sprintf("%d left, %d unfound (on %s)", r.Pending, r.Unfound, strings.Join(r.UnfoundOn, ","))
+	case r.Unfound > 0:
+		return fmt.Sprintf("%d unfound (on %s)", r.Unfound, strings.Join(r.UnfoundOn, ","))
 	}
 	return fmt.Sprintf("%d left", r.Pending)
 }

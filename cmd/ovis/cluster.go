@@ -428,6 +428,13 @@ func newClusterCmd() *cobra.Command {
 					if err != nil {
 						return nil, err
 					}
+					// Repair leaves unfound objects as they are: only a
+					// holder's return settles them.
+					for _, b := range r.Bad {
+						if b.Kind == "unfound" {
+							again.Bad = append(again.Bad, b)
+						}
+					}
 					return again, report(again, actions)
 				})
 			},
@@ -771,6 +778,13 @@ func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckRepor
 		return err
 	}
 	r.VDIs = vdis
+	// Objects whose every holder is away are in no listing: the nodes
+	// placed for them say so.
+	var nodes []node.NodeStatus
+	if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
+		return err
+	}
+	r.Bad = append(r.Bad, node.Unfound(nodes, vdis)...)
 	if r, err = then(r, v, pool); err != nil {
 		return err
 	}
