@@ -90,22 +90,22 @@ const maxUnfoundShown = 32
 
 // RecoveryStats is what node list shows of a node's recovery.
 type RecoveryStats struct {
-	Epoch     uint64 `json:"epoch"`     // the epoch being (or last) recovered
-	Done      uint64 `json:"done"`      // the last epoch completely recovered
-	Listed    bool   `json:"listed"`    // the listing of Epoch is complete
-	Pending   int    `json:"pending"`   // objects still to recover
+	Epoch   uint64 `json:"epoch"`   // the epoch being (or last) recovered
+	Done    uint64 `json:"done"`    // the last epoch completely recovered
+	Listed  bool   `json:"listed"`  // the listing of Epoch is complete
+	Pending int    `json:"pending"` // objects still to recover
 	// Unfound counts the objects placed here whose newest copy may be on
 	// nodes that are away (UnfoundOn): nobody serves them until one
 	// returns. UnfoundObjects names some of them.
 	Unfound        int      `json:"unfound"`
 	UnfoundOn      []string `json:"unfound_on,omitempty"`
 	UnfoundObjects []string `json:"unfound_objects,omitempty"`
-	Recovered int64  `json:"recovered"` // objects recovered in this run
-	Bytes     int64  `json:"bytes"`     // bytes pulled in this run
-	Dropped   int64  `json:"dropped"`   // copies dropped in this run
-	Clean     uint64 `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
-	Paused    bool   `json:"paused"`    // background pulls paused
-	MaxRate   int64  `json:"max_rate"`  // bytes per second, 0 for no bound
+	Recovered      int64    `json:"recovered"` // objects recovered in this run
+	Bytes          int64    `json:"bytes"`     // bytes pulled in this run
+	Dropped        int64    `json:"dropped"`   // copies dropped in this run
+	Clean          uint64   `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
+	Paused         bool     `json:"paused"`    // background pulls paused
+	MaxRate        int64    `json:"max_rate"`  // bytes per second, 0 for no bound
 }
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
