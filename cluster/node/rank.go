@@ -33,18 +33,24 @@ type ranker struct {
 	r    *recoverer
 	upTo uint64            // the epoch being recovered
 	rec  map[string]uint64 // each node's last recovered epoch; read only
+	// lost maps the objects an operator gave up to the epoch of the
+	// mark (membership.MarkLost); read only.
+	lost map[object.ID]uint64
 }
 
 // rankerFor returns a ranker for decisions in epoch e: the one already
 // made for e (by the run, or an earlier on-demand recovery), so that an
 // object recovered on demand costs no etcd read for it; otherwise one
-// made from every node's recovered epoch, read now. A ranker kept while
-// nodes record newer epochs only ranks lower, which is safe.
-func (r *recoverer) rankerFor(ctx context.Context, e uint64) (*ranker, error) {
+// made from every node's recovered epoch, read now (fresh: always so,
+// for a run, which also sees the objects marked lost since). A ranker
+// kept while nodes record newer epochs only ranks lower, which is safe;
+// one kept while an object is marked lost still finds it unfound until
+// the next run.
+func (r *recoverer) rankerFor(ctx context.Context, e uint64, fresh bool) (*ranker, error) {
 	r.mu.Lock()
 	rk := r.rk
 	r.mu.Unlock()
-	if rk != nil && rk.upTo == e {
+	if rk != nil && rk.upTo == e && !fresh {
 		return rk, nil
 	}
 	rec, err := r.n.mc.Recovered(ctx)
@@ -52,9 +58,13 @@ func (r *recoverer) rankerFor(ctx context.Context, e uint64) (*ranker, error) {
 		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
 	}
 	rec[r.n.id] = max(rec[r.n.id], r.done.Load())
-	rk = &ranker{r: r, upTo: e, rec: rec}
+	lost, err := r.n.mc.Lost(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
+	}
+	rk = &ranker{r: r, upTo: e, rec: rec, lost: lost}
 	r.mu.Lock()
-	if r.rk == nil || r.rk.upTo < e {
+	if r.rk == nil || r.rk.upTo <= e {
 		r.rk = rk
 	}
 	r.mu.Unlock()
@@ -81,7 +91,10 @@ func (k *ranker) judge(ctx context.Context, obj object.ID, copies []recovery.Cop
 	if copies, err = k.rank(ctx, obj, vd, copies, nodes, placed); err != nil {
 		return nil, nil, err
 	}
-	away, err := recovery.Unfound(copies, func(id string) bool { _, ok := slices.BinarySearch(nodes, id); return ok }, vd.Epoch, k.upTo,
+	// An object given up (ovis cluster mark-lost) is judged only by the
+	// epochs after the mark.
+	from := max(vd.Epoch, k.lost[obj]+1)
+	away, err := recovery.Unfound(copies, func(id string) bool { _, ok := slices.BinarySearch(nodes, id); return ok }, from, k.upTo,
 		func(e uint64) (recovery.Placement, error) {
 			reps, err := k.r.placement(ctx, obj, vd, e, placed)
 			if errors.Is(err, membership.ErrNoEpoch) {

@@ -252,7 +252,7 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if err != nil {
 		return err
 	}
-	rk, err := r.rankerFor(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch, true)
 	if err != nil {
 		return err
 	}
@@ -305,6 +305,18 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	st := r.Stats()
 	r.n.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
 	return r.dropMoved(ctx, v)
+}
+
+// unfoundObjects lists every object the run found unfound, sorted.
+func (r *recoverer) unfoundObjects() []UnfoundObject {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]UnfoundObject, 0, len(r.unfound))
+	for obj, away := range r.unfound {
+		out = append(out, UnfoundObject{Object: obj.String(), On: away})
+	}
+	slices.SortFunc(out, func(a, b UnfoundObject) int { return strings.Compare(a.Object, b.Object) })
+	return out
 }
 
 // errRunUnfound ends a run that found objects unavailable: it is not
@@ -712,7 +724,7 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 	if err != nil {
 		return err
 	}
-	rk, err := r.rankerFor(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch, false)
 	if err != nil {
 		return err
 	}

@@ -229,3 +229,118 @@ func firstLines(s string, n int) string {
 	l := strings.SplitN(s, "\n", n+1)
 	return strings.Join(l[:min(n, len(l))], "\n")
 }
+
+// TestClusterMarkLost: three of four nodes die for good while the
+// fourth serves (copies 3). The objects only they held are unfound: a
+// read of one waits --io-timeout (3 s here) and fails with EIO, never
+// zeros. mark-lost refuses without an object, gives one object up by
+// name, then the rest with --all-unfound, printing each; the node's
+// recovery then completes, the given-up blocks read as zeros and the
+// others intact. When one of the dead nodes returns after all, its copies
+// of the given-up objects do not come back.
+func TestClusterMarkLost(t *testing.T) {
+	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 1))
+	base := t.TempDir()
+	lease := []string{"--lease", "2s"}
+	nodes := make([]*clusterNode, 4)
+	for i := range nodes {
+		extra := lease
+		if i == 0 {
+			extra = append(extra, "--io-timeout", "3s")
+		}
+		nodes[i] = startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i+1)), etcd, extra...)
+	}
+	waitUp(t, nodes[0], 4)
+	dir := t.TempDir()
+	n1 := nodes[0]
+	n1.mustAdmin(t, "cluster", "format", "--copies", "3")
+	n1.mustAdmin(t, "vdi", "create", "disk0", "512M")
+	mustQemuIO(t, dir, "writing the blocks", append([]string{"-f", "raw", "nbd://" + n1.nbd + "/disk0"}, append(qemuIOBlocks("write"), "-c", "flush")...)...)
+	for _, n := range nodes[1:] {
+		n.kill(syscall.SIGKILL)
+	}
+	// The written objects whose every copy was on the dead nodes.
+	var written []int
+	waitUntil(t, 30*time.Second, func() (bool, string) {
+		var rep struct {
+			Problems []struct {
+				Object string `json:"object"`
+				Kind   string `json:"kind"`
+			} `json:"problems"`
+		}
+		r := n1.admin(t, "cluster", "check", "--output", "json")
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			return false, r.stdout + r.stderr
+		}
+		written = written[:0]
+		for _, p := range rep.Problems {
+			if p.Kind != "unfound" {
+				continue
+			}
+			idx, err := strconv.ParseUint(p.Object[8:], 16, 32)
+			if err == nil && idx%2 == 0 {
+				written = append(written, int(idx/2))
+			}
+		}
+		return r.code == 1 && len(written) > 0, r.stdout + r.stderr
+	})
+	t.Logf("blocks whose every copy is away: %v", written)
+	off, p := unfoundBlock(written[0])
+	start := time.Now()
+	r := runQemuIO(t, dir, "-r", "-f", "raw", "nbd://"+n1.nbd+"/disk0", "-c", fmt.Sprintf("read -P %d %d 4k", p, off))
+	took := time.Since(start)
+	if !strings.Contains(r.stdout+r.stderr, "Input/output error") || strings.Contains(r.stdout, "Pattern verification failed") {
+		t.Fatalf("a read of an unfound object: want EIO after --io-timeout, got:\n%s%s", r.stdout, r.stderr)
+	}
+	if took < 2*time.Second {
+		t.Fatalf("a read of an unfound object failed after %v: it should wait for a holder (--io-timeout 3s)", took)
+	}
+	t.Logf("a read of an unfound object: EIO after %v", took.Round(100*time.Millisecond))
+
+	if r := n1.admin(t, "cluster", "mark-lost"); r.code == 0 || !strings.Contains(r.stderr, "--all-unfound") {
+		t.Fatalf("mark-lost with nothing named: exit %d, want an error naming --all-unfound\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	one := fmt.Sprintf("0000000100%06x", written[0]*2)
+	var lost []struct {
+		Object string   `json:"object"`
+		VDI    string   `json:"vdi"`
+		On     []string `json:"may_be_on"`
+	}
+	n1.mustAdminJSON(t, &lost, "cluster", "mark-lost", one)
+	if len(lost) != 1 || lost[0].Object != one || lost[0].VDI != "disk0" {
+		t.Fatalf("mark-lost %s: gave up %+v", one, lost)
+	}
+	out := n1.mustAdmin(t, "cluster", "mark-lost", "--all-unfound")
+	t.Logf("mark-lost --all-unfound:\n%s", firstLines(out.stdout, 3))
+	if !strings.Contains(out.stdout, "objects given up") {
+		t.Fatalf("mark-lost --all-unfound printed:\n%s", out.stdout)
+	}
+	waitUntil(t, 30*time.Second, func() (bool, string) {
+		u, _ := unfoundOn(t, n1)
+		return u == 0, "unfound objects left after mark-lost"
+	})
+	waitRecovered(t, n1, 1)
+	// What was given up reads as zeros, the rest as written.
+	readLost := func(when string, n *clusterNode) {
+		t.Helper()
+		var args []string
+		for i := range unfoundBlocks {
+			off, p := unfoundBlock(i)
+			if slices.Contains(written, i) {
+				p = 0
+			}
+			args = append(args, "-c", fmt.Sprintf("read -P %d %d 4k", p, off))
+		}
+		r := runQemuIO(t, dir, append([]string{"-r", "-f", "raw", "nbd://" + n.nbd + "/disk0"}, args...)...)
+		if r.code != 0 || strings.Contains(r.stdout, "failed") {
+			t.Fatalf("%s: %s%s", when, r.stdout, r.stderr)
+		}
+	}
+	readLost("after mark-lost", n1)
+	// A holder returns after all: what was given up stays given up.
+	nodes[1] = startClusterNode(t, nodes[1].dir, etcd, append([]string{"--listen", nodes[1].addr}, lease...)...)
+	waitRecovered(t, n1, 2)
+	readLost("after a holder returned", n1)
+	readLost("after a holder returned, through it", nodes[1])
+	checkAll(t, n1, "after a holder returned")
+}
