@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -130,6 +131,11 @@ type Info struct {
 	Epoch   uint64                `json:"epoch"`
 	Nodes   []membership.NodeInfo `json:"nodes"`
 	History []membership.View     `json:"history"`
+	// Unfound counts the objects the nodes report unfound (their newest
+	// copy may be on nodes that are away: nobody serves them), and
+	// UnfoundOn the nodes they may be on.
+	Unfound   int      `json:"unfound"`
+	UnfoundOn []string `json:"unfound_on,omitempty"`
 }
 
 // CheckReport is what `ovis cluster check` finds.
@@ -209,6 +215,16 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		if info.History, err = mc.Epochs(ctx, from, v.Epoch); err != nil {
 			return nil, nil, err
 		}
+		nodes, _, err := n.nodeList(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, ns := range nodes.([]NodeStatus) {
+			info.Unfound += ns.Recovery.Unfound
+			info.UnfoundOn = append(info.UnfoundOn, ns.Recovery.UnfoundOn...)
+		}
+		slices.Sort(info.UnfoundOn)
+		info.UnfoundOn = slices.Compact(info.UnfoundOn)
 		return info, nil, nil
 	case "format":
 		f := membership.Format{Copies: ar.Copies, ObjectShift: ar.ObjectShift, Strict: ar.Strict}

@@ -379,7 +379,12 @@ func newClusterCmd() *cobra.Command {
 						fmt.Fprintf(w, "cluster %s: copies %d, object size %s, formatted %s\n", info.Format.ClusterID, info.Format.Copies,
 							img.FormatSize(1<<info.Format.ObjectShift), info.Format.Created.Format(time.RFC3339))
 					}
-					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n\nEPOCH\tCREATED\tNODES\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					if info.Unfound > 0 {
+						fmt.Fprintf(w, "UNFOUND: %d objects: their newest copy may be on %s, which are away; nobody serves them until one returns (ovis cluster check names them)\n",
+							info.Unfound, strings.Join(info.UnfoundOn, " "))
+					}
+					fmt.Fprintf(w, "\nEPOCH\tCREATED\tNODES\n")
 					for _, v := range info.History {
 						ids := make([]string, len(v.Nodes))
 						for i, n := range v.Nodes {

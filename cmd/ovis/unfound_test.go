@@ -202,6 +202,12 @@ func TestClusterAllHoldersAway(t *testing.T) {
 		} else {
 			t.Logf("%s: cluster check exit 1:\n%s", when, firstLines(r.stdout, 4))
 		}
+		if r := first.mustAdmin(t, "cluster", "info"); !strings.Contains(r.stdout, "UNFOUND") {
+			t.Fatalf("%s: cluster info does not say objects are unfound:\n%s", when, r.stdout)
+		}
+		if m := nodeMetric(t, []*clusterNode{first}, "ovis_recovery_unfound_objects"); m == 0 {
+			t.Fatalf("%s: ovis_recovery_unfound_objects is 0 with %d objects unfound", when, unfound)
+		}
 		wait := startBlockReader(t, dir, first)
 		for _, i := range rest {
 			time.Sleep(stagger)
