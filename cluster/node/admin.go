@@ -348,7 +348,18 @@ func (n *Node) markLost(ctx context.Context, ar AdminRequest) ([]UnfoundObject, 
 	} else if !ar.All {
 		return nil, errors.New("mark-lost: name an object, or give them all up (--all-unfound)")
 	} else {
+		// Objects given up already in this epoch are still unfound on
+		// the nodes until their next run: not given up twice.
+		lost, err := n.mc.Lost(ctx)
+		if err != nil {
+			return nil, err
+		}
 		seen := map[string]bool{}
+		for id, e := range lost {
+			if e >= v.Epoch {
+				seen[id.String()] = true
+			}
+		}
 		for _, ni := range v.Nodes {
 			var some []UnfoundObject
 			if ni.ID == n.id {

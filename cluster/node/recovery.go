@@ -350,6 +350,9 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 	if err != nil {
 		return fmt.Errorf("listing the VDIs: %w", err)
 	}
+	if walk, err := r.someoneAway(ctx, v, vdis); err != nil || !walk {
+		return err
+	}
 	nodes := viewIDs(v)
 	for _, vd := range vdis {
 		if vd.Epoch > v.Epoch {
@@ -387,6 +390,52 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 		}
 	}
 	return nil
+}
+
+// someoneAway reports whether an object of vdis may have every replica
+// of some epoch away now (out of v): whether, in some epoch since the
+// oldest VDI's creation, as many of its nodes are out of v as the fewest
+// replicas any VDI had then. When not, every object has an answering
+// replica in every epoch, nothing can be unfound, and unheld need not
+// walk the objects: the common case, a node or two down at a time.
+func (r *recoverer) someoneAway(ctx context.Context, v *gateway.View, vdis []membership.VDI) (bool, error) {
+	from := v.Epoch + 1
+	for _, vd := range vdis {
+		from = min(from, vd.Epoch)
+	}
+	for e := max(from, 1); e <= v.Epoch; e++ {
+		ve, err := r.a.view(ctx, e)
+		if errors.Is(err, membership.ErrNoEpoch) {
+			return true, nil // not known: look
+		}
+		if err != nil {
+			return false, err
+		}
+		away := 0
+		for id := range ve.Addr {
+			if v.Addr[id] == "" {
+				away++
+			}
+		}
+		if away == 0 {
+			continue
+		}
+		need := ve.Map.Zones()
+		for _, vd := range vdis {
+			if vd.Epoch > e {
+				continue
+			}
+			copies, known := vd.CopiesAt(e)
+			if !known {
+				copies = 1
+			}
+			need = min(need, copies)
+		}
+		if away >= need {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // gather lists, from every node of v and from the local store, the
