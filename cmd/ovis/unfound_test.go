@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -85,29 +84,11 @@ func unfoundOn(t *testing.T, n *clusterNode) (int, []string) {
 // test unless all 64 blocks read back intact within limit.
 func startBlockReader(t *testing.T, dir string, n *clusterNode, limit time.Duration) (wait func()) {
 	t.Helper()
-	args := append([]string{"-r", "-f", "raw", "nbd://" + n.nbd + "/disk0"}, qemuIOBlocks("read")...)
-	cmd := exec.Command("qemu-io", args...)
-	cmd.Dir = dir
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("qemu-io: %v", err)
-	}
 	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() { cmd.Process.Kill() })
+	waitCmd := startCmd(t, dir, limit, "qemu-io", append([]string{"-r", "-f", "raw", "nbd://" + n.nbd + "/disk0"}, qemuIOBlocks("read")...)...)
 	return func() {
 		t.Helper()
-		var err error
-		select {
-		case err = <-done:
-		case <-time.After(limit):
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("reads during the outage did not end in %v:\n%s", limit, out.String())
-		}
-		o := out.String()
+		o, err := waitCmd()
 		if err != nil || strings.Contains(o, "failed") {
 			t.Fatalf("reads during the outage (through %s): %v\n%s", n.addr, err, o)
 		}
