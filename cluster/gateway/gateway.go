@@ -142,6 +142,16 @@ type Device struct {
 	// gate is closed while requests may start, and open while the
 	// device is suspended (Suspend): its node is taking its lock again.
 	gate chan struct{}
+	// writing holds, per object, the ranges of the writes under way, so
+	// that overlapping writes go out one after the other (order).
+	writing map[object.ID][]*span
+}
+
+// span is a write under way on one object: [off, end), and done, closed
+// when it has ended on every replica (or failed).
+type span struct {
+	off, end int64
+	done     chan struct{}
 }
 
 var (
@@ -568,7 +578,56 @@ func (d *Device) markDirty(id string) {
 	d.mu.Unlock()
 }
 
-// write sends one mutating request per piece to every replica.
+// order waits until no write overlapping [off, off+n) of obj is under
+// way, then registers this one; release ends it. Overlapping writes in
+// flight at once would otherwise reach the replicas in different orders
+// (each replica applies what arrives first) and leave them different,
+// though each was acknowledged. Writes that do not overlap never wait
+// for each other. Two waiting for the same write may go in either order:
+// the client sent them at once, and every replica sees the one order.
+func (d *Device) order(ctx context.Context, obj object.ID, off, n int64) (release func(), err error) {
+	for {
+		d.mu.Lock()
+		var busy chan struct{}
+		for _, s := range d.writing[obj] {
+			if s.off < off+n && off < s.end {
+				busy = s.done
+				break
+			}
+		}
+		if busy == nil {
+			s := &span{off: off, end: off + n, done: make(chan struct{})}
+			if d.writing == nil {
+				d.writing = map[object.ID][]*span{}
+			}
+			d.writing[obj] = append(d.writing[obj], s)
+			d.mu.Unlock()
+			return func() {
+				d.mu.Lock()
+				l := d.writing[obj]
+				if i := slices.Index(l, s); i >= 0 {
+					l = slices.Delete(l, i, i+1)
+				}
+				if len(l) == 0 {
+					delete(d.writing, obj)
+				} else {
+					d.writing[obj] = l
+				}
+				d.mu.Unlock()
+				close(s.done)
+			}, nil
+		}
+		d.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("gateway: vdi %s: waiting for an overlapping write of object %s: %w", d.cfg.Name, obj, ctx.Err())
+		}
+	}
+}
+
+// write sends one mutating request per piece to every replica, after
+// the overlapping writes under way (order).
 func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill func(req *protocol.Request, pc piece)) error {
 	if err := d.check(ctx, off, n, true); err != nil {
 		return err
@@ -579,6 +638,11 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 		done = d.markDirty
 	}
 	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
+		release, err := d.order(ctx, pc.obj, pc.off, pc.n)
+		if err != nil {
+			return err
+		}
+		defer release()
 		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
 				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)
