@@ -82,6 +82,8 @@ type recoverer struct {
 
 	clean uint64 // the last epoch whose moved copies were all dropped
 
+	kicked chan struct{} // closed by kick, and replaced
+
 	rk *ranker // the ranker of the newest epoch decided in (rankerFor)
 }
 
@@ -110,7 +112,7 @@ type RecoveryStats struct {
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
 	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, unfound: map[object.ID][]string{}, early: map[object.ID]bool{},
-		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{})}
+		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{}), kicked: make(chan struct{})}
 	r.done.Store(done)
 	return r
 }
@@ -199,6 +201,12 @@ func (r *recoverer) throttle(ctx context.Context, n int64) error {
 
 // loop runs recovery for every new epoch until ctx ends.
 func (r *recoverer) loop(ctx context.Context) {
+	// A run that finds objects unfound runs again after unfoundWait,
+	// which doubles (to maxUnfoundRetry) while the epoch stays: each run
+	// lists every node. A holder's return makes a new epoch, and a
+	// mark-lost kicks the run, at once.
+	var unfoundEpoch uint64
+	unfoundWait := unfoundRetry
 	for ctx.Err() == nil {
 		v := r.n.views.View()
 		if v.Epoch > r.done.Load() {
@@ -217,9 +225,23 @@ func (r *recoverer) loop(ctx context.Context) {
 				// makes a new epoch; look again now and then all the same.
 				wait := 500 * time.Millisecond
 				if errors.Is(err, errRunUnfound) {
-					wait = unfoundRetry
+					if unfoundEpoch != v.Epoch {
+						unfoundEpoch, unfoundWait = v.Epoch, unfoundRetry
+					}
+					wait, unfoundWait = unfoundWait, min(2*unfoundWait, maxUnfoundRetry)
 				}
+				r.mu.Lock()
+				kicked := r.kicked
+				r.mu.Unlock()
 				wctx, cancel := context.WithTimeout(ctx, wait)
+				// Ends with wctx, at the latest when the wait does.
+				go func() {
+					select {
+					case <-kicked:
+						cancel()
+					case <-wctx.Done():
+					}
+				}()
 				_, _ = r.n.views.Await(wctx, v.Epoch)
 				cancel()
 				if ctx.Err() != nil {
@@ -324,7 +346,19 @@ func (r *recoverer) unfoundObjects() []UnfoundObject {
 // in the same epoch (a holder's return makes a new epoch at once).
 var errRunUnfound = errors.New("recovery: the run is incomplete: objects are unfound")
 
-const unfoundRetry = 5 * time.Second
+const (
+	unfoundRetry    = 5 * time.Second
+	maxUnfoundRetry = time.Minute
+)
+
+// kick makes a run that waits (after finding objects unfound) run again
+// now: objects were given up (mark-lost).
+func (r *recoverer) kick() {
+	r.mu.Lock()
+	close(r.kicked)
+	r.kicked = make(chan struct{})
+	r.mu.Unlock()
+}
 
 // unfoundError refuses a request on an object whose newest copy may be on
 // nodes that are away.
