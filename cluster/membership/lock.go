@@ -14,13 +14,18 @@ import (
 // Lock is a VDI's writer lock. Token is the lock key's create revision:
 // etcd's revisions only grow, so each new lock of any VDI gets a larger
 // token than every lock before it, and storage nodes refuse writes with
-// a token below the highest they have seen for the VDI.
+// a token below the highest they have seen for the VDI. Lease is the
+// etcd lease the lock is held under (its holder's registration).
+//
+// Its JSON form (the admin commands' `ovis vdi lock list|break
+// --output=json`) carries both; the stored record (lockRecord) carries
+// neither, since etcd gives them.
 type Lock struct {
 	VDI    object.VDI `json:"vdi"`
 	Name   string     `json:"name"`
 	Holder string     `json:"holder"`
-	Token  uint64     `json:"-"`
-	Lease  int64      `json:"-"`
+	Token  uint64     `json:"token"`
+	Lease  int64      `json:"lease"`
 }
 
 // lockRecord is the stored value of a lock key.
