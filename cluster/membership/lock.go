@@ -261,3 +261,24 @@ func (c *Client) LockLost(ctx context.Context, l Lock) <-chan struct{} {
 	}
 	return lost
 }
+
+// Broken reports whether l is no longer the VDI's lock while the lease
+// it was held under still lives: the lock was broken (BreakLock) or
+// released, not lost with its holder's registration. It is false while
+// l is still the lock, and false when l's lease is gone too (expired or
+// revoked): the holder's node then fences itself, and Relock is its way
+// back. A holder told true must stop writing under l's token.
+func (c *Client) Broken(ctx context.Context, l Lock) (bool, error) {
+	resp, err := c.cli.Get(ctx, c.k.lock(l.VDI))
+	if err != nil {
+		return false, fmt.Errorf("membership: lock of vdi %q: %w", l.Name, err)
+	}
+	if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].CreateRevision) == l.Token {
+		return false, nil
+	}
+	ttl, err := c.cli.TimeToLive(ctx, clientv3.LeaseID(l.Lease))
+	if err != nil {
+		return false, fmt.Errorf("membership: lease %x of vdi %q's lock: %w", l.Lease, l.Name, err)
+	}
+	return ttl.TTL > 0, nil
+}
