@@ -322,7 +322,7 @@ func (d *Device) staleToken(ctx context.Context, token uint64, refusal error) er
 	if d.token.Load() != token {
 		return errRetry
 	}
-	why := fmt.Errorf("gateway: vdi %s: %w: %w", d.cfg.Name, ErrRevoked, refusal)
+	why := fmt.Errorf("%w: %w", ErrRevoked, refusal)
 	d.mu.Lock()
 	first := d.lost == nil
 	if first {
@@ -334,9 +334,9 @@ func (d *Device) staleToken(ctx context.Context, token uint64, refusal error) er
 		d.cfg.Revoked(d, refusal)
 	}
 	if lost != why {
-		return fmt.Errorf("%w (%w)", lost, refusal)
+		return fmt.Errorf("gateway: vdi %s: %w (%w)", d.cfg.Name, lost, refusal)
 	}
-	return why
+	return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, why)
 }
 
 // errRetry says that a request refused for a token the device no longer
