@@ -271,8 +271,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
+	guard := newPauseGuard(pauseGap, n.fenceFromLocks)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		guard.run(wctx)
+	}()
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.live,
-		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor}
+		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor,
+		Resync: guard.check}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
@@ -304,8 +311,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
+// pauseGap is the shortest pause of the process that pauseGuard sees:
+// after one, the store's tokens are raised from the locks in etcd
+// before the next write.
+const pauseGap = 200 * time.Millisecond
+
 // fenceFromLocks raises the store's token of every locked VDI to its
-// lock's, before the node serves anything. A node that was away when a
+// lock's, before the node serves anything, and again after a pause
+// (pauseGuard). A node that was away when a
 // new owner took a VDI over never got that owner's fence; without this
 // it would take the old owner's writes, which every other replica
 // refuses.

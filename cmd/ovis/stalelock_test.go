@@ -82,9 +82,15 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	dir := t.TempDir()
 	n1.mustAdmin(t, "cluster", "format", "--copies", "2")
 	n1.mustAdmin(t, "vdi", "create", "disk0", "16M", "--object-size", "1M")
+	n1.mustAdmin(t, "vdi", "create", "disk1", "1M")
 
 	old := startQemuIO(t, "nbd://"+n3.nbd+"/disk0")
 	old.do("write -P 0x11 0 16M", "wrote")
+	// disk1's old client writes nothing after the break: node 3 can
+	// learn of it only from etcd.
+	old1 := startQemuIO(t, "nbd://"+n3.nbd+"/disk1")
+	old1.do("write -P 0x77 0 64k", "wrote")
+	l1disk1 := lockOf(t, n1, "disk1")
 	l1 := lockOf(t, n1, "disk0")
 	if l1.Token == 0 || l1.Holder != n1ID(t, n3)+" ("+n3.addr+")" {
 		t.Fatalf("lock before the break: %+v, want node 3's with a token", l1)
@@ -113,6 +119,16 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	n1.mustAdminJSON(t, &broken, "vdi", "lock", "break", "disk0")
 	if broken.Token != l1.Token || broken.Holder != l1.Holder {
 		t.Fatalf("lock break printed %+v, want the lock it broke, %+v", broken, l1)
+	}
+	if r := n1.mustAdmin(t, "vdi", "lock", "break", "disk1"); !strings.Contains(r.stdout, fmt.Sprintf("(token %d)", l1disk1.Token)) || l1disk1.Token == 0 {
+		t.Fatalf("lock break disk1 printed %q, want its token %d", r.stdout, l1disk1.Token)
+	}
+	// Node 2 takes disk1 with a handshake alone.
+	if out, err := exec.Command("nbdinfo", "nbd://"+n2.nbd+"/disk1").CombinedOutput(); err != nil {
+		t.Fatalf("nbdinfo through node 2: %v\n%s", err, out)
+	}
+	if l := lockOf(t, n1, "disk1"); l.Token <= l1disk1.Token || !strings.HasPrefix(l.Holder, n1ID(t, n2)) {
+		t.Fatalf("disk1's lock after node 2's handshake: %+v", l)
 	}
 
 	// The new owner, through node 2, while node 3 is still stopped.
@@ -143,12 +159,12 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	// they fail fast; count how they fail.
 	errs := map[string]int{}
 	var slowest time.Duration
-	outcome := func(sent time.Time) (string, time.Duration) {
+	outcome := func(q *qemuIO, sent time.Time) (string, time.Duration) {
 		t.Helper()
 		timeout := time.After(30 * time.Second)
 		for {
 			select {
-			case l, ok := <-old.lines:
+			case l, ok := <-q.lines:
 				if !ok {
 					t.Fatal("the old holder's qemu-io ended")
 				}
@@ -163,13 +179,28 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 			}
 		}
 	}
-	why, took := outcome(resumed)
+	why, took := outcome(old, resumed)
 	errs[why]++
 	t.Logf("the write queued while node 3 was stopped failed %v after SIGCONT: %s", took.Round(time.Millisecond), why)
+	// A new connection through node 3 is read-only, for disk1 too,
+	// whose old client wrote nothing (node 3 learned it from etcd).
+	for _, disk := range []string{"disk1", "disk0"} {
+		waitUntil(t, 10*time.Second, func() (bool, string) {
+			return readOnlyExport(t, "nbd://"+n3.nbd+"/"+disk)
+		})
+		t.Logf("a new connection to %s through node 3 was read-only %v after SIGCONT", disk, time.Since(resumed).Round(time.Millisecond))
+	}
+	if !strings.Contains(n3.stderr.String(), "was broken while this node held it") {
+		t.Errorf("node 3 did not learn from etcd that disk1's lock was broken")
+	}
+	fmt.Fprintln(old1.in, "write -P 0x78 0 4k")
+	if why, _ := outcome(old1, time.Now()); why != "Operation not permitted" {
+		t.Errorf("disk1's old client's first write after SIGCONT: %q, want EPERM", why)
+	}
 	for i := 0; i < 30; i++ {
 		sent := time.Now()
 		fmt.Fprintf(old.in, "write -P 0x44 %d 4k\n", mineOff)
-		why, took := outcome(sent)
+		why, took := outcome(old, sent)
 		errs[why]++
 		if i >= 10 {
 			slowest = max(slowest, took)
@@ -191,20 +222,6 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 		t.Fatalf("the old client's read of the new owner's data: %s", strings.Join(seen, "\n"))
 	}
 
-	// A new connection through node 3 is read-only.
-	waitUntil(t, 10*time.Second, func() (bool, string) {
-		out, err := exec.Command("nbdinfo", "--json", "nbd://"+n3.nbd+"/disk0").CombinedOutput()
-		var info struct {
-			Exports []struct {
-				ReadOnly bool `json:"is_read_only"`
-			} `json:"exports"`
-		}
-		if err != nil || json.Unmarshal(out, &info) != nil || len(info.Exports) != 1 {
-			return false, string(out)
-		}
-		return info.Exports[0].ReadOnly, string(out)
-	})
-	t.Logf("a new connection through node 3 was read-only %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
 	if r := runQemuIO(t, dir, "-f", "raw", "nbd://"+n3.nbd+"/disk0", "-c", fmt.Sprintf("write -P 0x55 %d 4k", mineOff)); r.code == 0 && !strings.Contains(r.stdout, "failed") {
 		t.Fatalf("a write through node 3's new connection was acknowledged: %s", r.stdout)
 	}
@@ -231,7 +248,26 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	if r := runQemuIO(t, dir, "-f", "raw", "-r", "nbd://"+n3.nbd+"/disk0", "-c", fmt.Sprintf("read -P 0x66 %d 4k", mineOff)); r.code != 0 || strings.Contains(r.stdout, "failed") {
 		t.Errorf("reading the new owner's write through node 3: %s%s", r.stdout, r.stderr)
 	}
+	if r := runQemuIO(t, dir, "-f", "raw", "-r", "nbd://"+n3.nbd+"/disk1", "-c", "read -P 0x77 0 64k"); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		t.Errorf("disk1 through node 3: %s%s", r.stdout, r.stderr)
+	}
 	if l := lockOf(t, n1, "disk0"); l != l2 {
 		t.Errorf("lock at the end: %+v, want node 2's %+v", l, l2)
 	}
+}
+
+// readOnlyExport reports whether nbdinfo sees the export at url
+// read-only, and what it printed.
+func readOnlyExport(t *testing.T, url string) (bool, string) {
+	t.Helper()
+	out, err := exec.Command("nbdinfo", "--json", url).CombinedOutput()
+	var info struct {
+		Exports []struct {
+			ReadOnly bool `json:"is_read_only"`
+		} `json:"exports"`
+	}
+	if err != nil || json.Unmarshal(out, &info) != nil || len(info.Exports) != 1 {
+		return false, string(out)
+	}
+	return info.Exports[0].ReadOnly, string(out)
 }
