@@ -32,8 +32,10 @@ type vdis struct {
 
 	mu   sync.Mutex
 	open map[string]*openVDI // by name; writable ones replace read-only ones
-	// retired are the devices of dropped VDIs, still used by the
-	// connections that had them; closeAll closes them.
+	// retired are the devices of VDIs dropped while open writable,
+	// still used by the connections that had them; closeAll closes them
+	// (which ends the fencing Open left running in their background).
+	// A read-only device replaced by a writable one has nothing to end.
 	retired []*gateway.Device
 }
 
@@ -137,11 +139,6 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
 		}
 		return cur, nil
-	}
-	if prev := r.open[name]; prev != nil && prev != o {
-		// A read-only device replaced by a writable one (or a newer
-		// read-only one): connections that have it keep it.
-		r.retired = append(r.retired, prev.dev)
 	}
 	r.open[name] = o
 	if lk != nil {
