@@ -61,8 +61,9 @@ func objectsOn(t *testing.T, n *clusterNode) map[int64]bool {
 
 var qemuIOFailRE = regexp.MustCompile(`(write|read) failed: (.*)`)
 
-// TestClusterBrokenLockHolderNotices: the node holding a VDI's lock is
-// stopped (SIGSTOP) for less than its lease, and its lock is broken.
+// TestClusterBrokenLockHolderNotices: the node holding two VDIs' locks
+// is stopped (SIGSTOP) for less than its lease, and its locks are
+// broken.
 // The new owner's first write, through another node, succeeds while the
 // old holder is still stopped. After SIGCONT the old holder (whose
 // lease never lapsed) stops offering the VDI writable: its client's
@@ -73,11 +74,12 @@ var qemuIOFailRE = regexp.MustCompile(`(write|read) failed: (.*)`)
 // real ones, and grow.
 func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	base := t.TempDir()
-	// A 10 s lease: the old holder is stopped for about 2 s, well inside
-	// it (the registration is fenced at last renewal + 10 s - 1.67 s).
-	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", "--lease", "10s")
-	n2 := startClusterNode(t, filepath.Join(base, "n2"), n1.etcd, "--lease", "10s")
-	n3 := startClusterNode(t, filepath.Join(base, "n3"), n1.etcd, "--lease", "10s")
+	// A 20 s lease: the old holder is stopped for 2-5 s (the admin
+	// commands run meanwhile), well inside it: its registration holds
+	// until its last renewal + 16.7 s, and renewals go every 6.7 s.
+	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", "--lease", "20s")
+	n2 := startClusterNode(t, filepath.Join(base, "n2"), n1.etcd, "--lease", "20s")
+	n3 := startClusterNode(t, filepath.Join(base, "n3"), n1.etcd, "--lease", "20s")
 	waitUp(t, n1, 3)
 	dir := t.TempDir()
 	n1.mustAdmin(t, "cluster", "format", "--copies", "2")
