@@ -22,6 +22,13 @@
 //  3. A VDI is opened once per node, and every NBD connection to it
 //     shares that device (CAN_MULTI_CONN). It is writable only while this
 //     node holds the VDI's lock, whose revision is the device's token.
+//     Once the node learns the lock went to another owner (a stale-token
+//     refusal, the lock broken in etcd while the lease lives, or a failed
+//     relock) the device refuses writes for good and the next connection
+//     opens the VDI afresh (vdis.go).
+//  4. After a pause of the process longer than pauseGap, the store's
+//     tokens are raised from the locks in etcd before it takes another
+//     write (pause.go).
 //
 // Lock order: Node.mu, then Node.regMu, then vdis.mu; none is held
 // across a call to etcd, another node or the disk.
