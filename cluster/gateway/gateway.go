@@ -38,12 +38,6 @@
 //     anything (store invariant 5), so no write of the old owner lands
 //     after one of the new owner's on any node; and a node that leaves
 //     the epoch raises every token to its lock's before it serves again.
-//  8. A writable device refused for a stale token (a higher one exists:
-//     its lock was broken and taken by another owner) while it is not
-//     suspended for a relock is revoked at once: every later write fails
-//     at once with ErrRevoked (EPERM over NBD), never reaching a node,
-//     reads go on, and Config.Revoked is told once. The token never
-//     becomes good again, so writes under it can never succeed.
 //  6. A read goes to one replica, the local one when there is one, and
 //     falls back to the others in placement order on error. An object no
 //     replica holds (StatusNoEnt from one, with no data from any) reads
@@ -53,6 +47,12 @@
 //     with a new epoch, so a gateway still on the old one is refused
 //     and places the request again, and never skips a replica that
 //     recovery made for the new copies.
+//  8. A writable device refused for a stale token (a higher one exists:
+//     its lock was broken and taken by another owner) while it is not
+//     suspended for a relock is revoked at once: every later write fails
+//     at once with ErrRevoked (EPERM over NBD), never reaching a node,
+//     reads go on, and Config.Revoked is told once. The token never
+//     becomes good again, so writes under it can never succeed.
 //
 // Locking: mu guards dirty, closed, lost and gate only; it is never
 // held across a call to a node, nor while calling Config's hooks.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/export"
@@ -30,8 +31,9 @@ import (
 type vdis struct {
 	n *Node
 
-	mu   sync.Mutex
-	open map[string]*openVDI // by name; writable ones replace read-only ones
+	mu     sync.Mutex
+	open   map[string]*openVDI // by name; writable ones replace read-only ones
+	closed bool                // closeAll ran: nothing opens any more
 	// retired are the devices of VDIs dropped while open writable,
 	// still used by the connections that had them; closeAll closes them
 	// (which ends the fencing Open left running in their background).
@@ -131,12 +133,17 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		o.exp.Description = "read-only: locked by " + holder
 	}
 	r.mu.Lock()
-	if cur := r.open[name]; cur != nil && cur.lock != nil {
-		// Another handshake opened it writable first; keep that one.
+	if cur := r.open[name]; r.closed || cur != nil && cur.lock != nil {
+		// Another handshake opened it writable first; keep that one. Or
+		// the node is closing: open nothing that closeAll would miss.
+		closed := r.closed
 		r.mu.Unlock()
 		dev.Close()
 		if lk != nil {
 			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
+		}
+		if closed {
+			return nil, fmt.Errorf("node: vdi %q: %w", name, block.ErrClosed)
 		}
 		return cur, nil
 	}
@@ -213,7 +220,7 @@ func (r *vdis) List(ctx context.Context) ([]*nbd.Export, error) {
 func (r *vdis) closeAll(ctx context.Context) error {
 	r.mu.Lock()
 	open, retired := r.open, r.retired
-	r.open, r.retired = map[string]*openVDI{}, nil
+	r.open, r.retired, r.closed = map[string]*openVDI{}, nil, true
 	for _, o := range open {
 		if o.unwatch != nil {
 			// Before the Unlock below, which the watch must not take
