@@ -74,12 +74,13 @@ var qemuIOFailRE = regexp.MustCompile(`(write|read) failed: (.*)`)
 // real ones, and grow.
 func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	base := t.TempDir()
-	// A 20 s lease: the old holder is stopped for 2-5 s (the admin
-	// commands run meanwhile), well inside it: its registration holds
-	// until its last renewal + 16.7 s, and renewals go every 6.7 s.
-	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", "--lease", "20s")
-	n2 := startClusterNode(t, filepath.Join(base, "n2"), n1.etcd, "--lease", "20s")
-	n3 := startClusterNode(t, filepath.Join(base, "n3"), n1.etcd, "--lease", "20s")
+	// A 60 s lease: the old holder is stopped for 2-5 s (the admin
+	// commands run meanwhile; more under the race detector on a busy
+	// machine), well inside it: its registration holds until its last
+	// renewal + 50 s, and renewals go every 20 s.
+	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", "--lease", "60s")
+	n2 := startClusterNode(t, filepath.Join(base, "n2"), n1.etcd, "--lease", "60s")
+	n3 := startClusterNode(t, filepath.Join(base, "n3"), n1.etcd, "--lease", "60s")
 	waitUp(t, n1, 3)
 	dir := t.TempDir()
 	n1.mustAdmin(t, "cluster", "format", "--copies", "2")
@@ -122,13 +123,16 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	if broken.Token != l1.Token || broken.Holder != l1.Holder {
 		t.Fatalf("lock break printed %+v, want the lock it broke, %+v", broken, l1)
 	}
+	t.Logf("disk0's lock broken %v after the stop", time.Since(stopped).Round(time.Millisecond))
 	if r := n1.mustAdmin(t, "vdi", "lock", "break", "disk1"); !strings.Contains(r.stdout, fmt.Sprintf("(token %d)", l1disk1.Token)) || l1disk1.Token == 0 {
 		t.Fatalf("lock break disk1 printed %q, want its token %d", r.stdout, l1disk1.Token)
 	}
 	// Node 2 takes disk1 with a handshake alone.
+	t.Logf("disk1's lock broken %v after the stop", time.Since(stopped).Round(time.Millisecond))
 	if out, err := exec.Command("nbdinfo", "nbd://"+n2.nbd+"/disk1").CombinedOutput(); err != nil {
 		t.Fatalf("nbdinfo through node 2: %v\n%s", err, out)
 	}
+	t.Logf("node 2 took disk1 %v after the stop", time.Since(stopped).Round(time.Millisecond))
 	if l := lockOf(t, n1, "disk1"); l.Token <= l1disk1.Token || !strings.HasPrefix(l.Holder, n1ID(t, n2)) {
 		t.Fatalf("disk1's lock after node 2's handshake: %+v", l)
 	}
