@@ -12,6 +12,8 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // startTestNode starts one node in process, embedding etcd, with the
@@ -120,5 +122,46 @@ func TestNodeDropsBrokenLock(t *testing.T) {
 	}
 	if _, err := old.WriteAt(ctx, []byte("stale!"), 0, 0); !errors.Is(err, gateway.ErrRevoked) {
 		t.Fatalf("the dropped device wrote after the VDI was opened again: %v", err)
+	}
+}
+
+// TestNodeDropsOnStaleToken: with the etcd watch out of the way, the
+// first write refused for a stale token drops the VDI at once: that
+// write fails with ErrRevoked (EPERM), and the next open is read-only.
+func TestNodeDropsOnStaleToken(t *testing.T) {
+	ctx := context.Background()
+	n := startTestNode(t)
+	exp, err := n.vdis.Lookup(ctx, "disk")
+	if err != nil || exp.ReadOnly {
+		t.Fatalf("first open: %+v, %v", exp, err)
+	}
+	n.vdis.mu.Lock()
+	o := n.vdis.open["disk"]
+	o.unwatch() // only the refusal can tell now
+	n.vdis.mu.Unlock()
+	if _, err := n.mc.BreakLock(ctx, "disk"); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := n.mc.Lock(ctx, n.registration(), "disk", "someone else")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The new owner's fence reaching this node's store.
+	if err := n.st.Fence(o.vdi.ID, taken.Token); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := n.vdis.Lookup(ctx, "disk"); err != nil || again.ReadOnly || again.Device != exp.Device {
+		t.Fatalf("before any write the node should still serve its device: %+v, %v", again, err)
+	}
+	_, err = exp.Device.WriteAt(ctx, []byte{1}, 0, block.FUA)
+	if !errors.Is(err, gateway.ErrRevoked) || protocol.StatusOf(err) != protocol.StatusStaleToken {
+		t.Fatalf("the refused write: %v, want ErrRevoked wrapping the stale-token refusal", err)
+	}
+	ro, err := n.vdis.Lookup(ctx, "disk")
+	if err != nil || !ro.ReadOnly || !strings.Contains(ro.Description, "someone else") {
+		t.Fatalf("open after the refusal: %+v, %v; want read-only, locked by someone else", ro, err)
+	}
+	if got := promtest.ToFloat64(n.m.Locks); got != 0 {
+		t.Errorf("locks held gauge %v after the drop, want 0", got)
 	}
 }
