@@ -153,13 +153,40 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 		t.Fatalf("lock after the takeover: %+v, want node 2's with a token above %d", l2, l1.Token)
 	}
 
+	// A write of the new owner to an object node 3 holds waits for it
+	// (every replica must take a write), and is acknowledged once it
+	// runs again.
+	heldWrite := exec.Command("qemu-io", "-f", "raw", url2, "-c", fmt.Sprintf("write -P 0x99 %d 4k", mineOff+8192))
+	heldDone := make(chan error, 1)
+	var heldOut []byte
+	go func() {
+		var err error
+		heldOut, err = heldWrite.CombinedOutput()
+		heldDone <- err
+	}()
 	// A write of the old holder's client waits on node 3's socket while
 	// it is stopped, so that it races the node's discovery.
 	fmt.Fprintf(old.in, "write -P 0x33 %d 4k\n", mineOff)
 	time.Sleep(200 * time.Millisecond)
+	select {
+	case err := <-heldDone:
+		t.Fatalf("the new owner's write to node 3's object ended while node 3 was stopped: %v\n%s", err, heldOut)
+	default:
+	}
 	n3.cmd.Process.Signal(syscall.SIGCONT)
 	resumed := time.Now()
 	t.Logf("node 3 was stopped %v", resumed.Sub(stopped).Round(time.Millisecond))
+	select {
+	case err := <-heldDone:
+		if err != nil || !strings.Contains(string(heldOut), "wrote") || strings.Contains(string(heldOut), "failed") {
+			t.Fatalf("the new owner's write to node 3's object: %v\n%s", err, heldOut)
+		}
+		t.Logf("the new owner's write to an object node 3 holds was acknowledged %v after SIGCONT", time.Since(resumed).Round(time.Millisecond))
+	case <-time.After(30 * time.Second):
+		heldWrite.Process.Kill()
+		<-heldDone
+		t.Fatal("the new owner's write to node 3's object still waits 30 s after SIGCONT")
+	}
 
 	// Every write of the old client from now on: none acknowledged, and
 	// they fail fast; count how they fail.
@@ -243,7 +270,8 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	// through any node; the new owner's data is.
 	for _, n := range []*clusterNode{n1, n2, n3} {
 		url := "nbd://" + n.nbd + "/disk0"
-		if r := runQemuIO(t, dir, "-f", "raw", "-r", url, "-c", fmt.Sprintf("read -P 0x11 %d 4k", mineOff), "-c", fmt.Sprintf("read -P 0x22 %d 4k", freeOff)); r.code != 0 || strings.Contains(r.stdout, "failed") {
+		if r := runQemuIO(t, dir, "-f", "raw", "-r", url, "-c", fmt.Sprintf("read -P 0x11 %d 4k", mineOff), "-c", fmt.Sprintf("read -P 0x22 %d 4k", freeOff),
+			"-c", fmt.Sprintf("read -P 0x99 %d 4k", mineOff+8192)); r.code != 0 || strings.Contains(r.stdout, "failed") {
 			t.Errorf("reading through %s: %s%s", n.nbd, r.stdout, r.stderr)
 		}
 	}
