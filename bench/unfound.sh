@@ -27,8 +27,8 @@ for s in "${staggers[@]}"; do
 		fail=1
 		cp "$log" "bench/results/unfound-$s-failed.log"
 	fi
-	unfound=$(grep -o '[0-9]* objects unfound' "$log" | awk '{print $1}' | paste -sd, -)
-	waited=$(grep -o 'during the outage: all intact, in [0-9.]*s' "$log" | awk '{print $NF}' | paste -sd, -)
+	unfound=$(grep -o '[0-9]* objects unfound' "$log" | awk '{print $1}' | paste -sd, - || true)
+	waited=$(grep -o 'during the outage: all intact, in [0-9.]*s' "$log" | awk '{print $NF}' | paste -sd, - || true)
 	printf '%-8s %-7s %-8s %-22s %s\n' "$s" "$rounds" "$res" "${unfound:--}" "${waited:--}"
 done
 exit $fail

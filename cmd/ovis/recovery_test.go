@@ -44,7 +44,7 @@ func startFio(t *testing.T, dir string, args ...string) (wait func()) {
 	waitCmd := startCmd(t, dir, 3*time.Minute, "fio", args...)
 	return func() {
 		t.Helper()
-		o, err := waitCmd()
+		o, _, err := waitCmd()
 		if err != nil || strings.Contains(o, "verify: bad") || strings.Contains(o, "err=") && !strings.Contains(o, "err= 0") {
 			t.Fatalf("fio %s: %v\n%s", strings.Join(args, " "), err, o)
 		}
@@ -52,30 +52,36 @@ func startFio(t *testing.T, dir string, args ...string) (wait func()) {
 }
 
 // startCmd starts name with args in dir in the background; wait returns
-// what it printed (stdout and stderr) and how it ended, and fails the
-// test, killing it, when it has not ended within limit.
-func startCmd(t *testing.T, dir string, limit time.Duration, name string, args ...string) (wait func() (string, error)) {
+// what it printed (stdout and stderr), how long it ran and how it ended,
+// and fails the test, killing it, when it has not ended within limit.
+func startCmd(t *testing.T, dir string, limit time.Duration, name string, args ...string) (wait func() (string, time.Duration, error)) {
 	t.Helper()
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
+	var took time.Duration
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() {
+		err := cmd.Wait()
+		took = time.Since(start)
+		done <- err
+	}()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	return func() (string, error) {
+	return func() (string, time.Duration, error) {
 		t.Helper()
 		select {
 		case err := <-done:
-			return out.String(), err
+			return out.String(), took, err
 		case <-time.After(limit):
 			cmd.Process.Kill()
 			<-done
 			t.Fatalf("%s did not end in %v:\n%s", name, limit, out.String())
-			return "", nil
+			return "", 0, nil
 		}
 	}
 }
