@@ -132,8 +132,8 @@ func (r *Report) RegistersWith(k ViolationKind) []int {
 	return regs
 }
 
-// Summary is the counts and violations by kind in a few lines, and the
-// first max violations in full.
+// Summary is the counts and violations by kind in a few lines, then the
+// first violation of each kind on each register, at most max of them.
 func (r *Report) Summary(max int) string {
 	c := r.Counts
 	var b strings.Builder
@@ -146,11 +146,21 @@ func (r *Report) Summary(max int) string {
 		fmt.Fprintf(&b, " %s %d (blocks %d);", k, by[k], len(r.RegistersWith(k)))
 	}
 	b.WriteString("\n")
-	for i, v := range r.Violations {
-		if i == max {
-			fmt.Fprintf(&b, "... and %d more\n", len(r.Violations)-max)
+	type key struct {
+		reg  int
+		kind ViolationKind
+	}
+	shown := map[key]bool{}
+	for _, v := range r.Violations {
+		k := key{v.Register, v.Kind}
+		if shown[k] {
+			continue
+		}
+		if len(shown) == max {
+			b.WriteString("... (first of each kind per block only)\n")
 			break
 		}
+		shown[k] = true
 		b.WriteString(v.String() + "\n")
 	}
 	return b.String()
