@@ -188,7 +188,7 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 		}
 	}
 	seeded.Wait()
-	c.event("seeded", "every cold block written once")
+	c.note("seeded", "every cold block written once")
 	if cfg.nemesis {
 		c.nemesis(cfg.duration)
 	} else {
@@ -334,9 +334,15 @@ func (c *histCluster) tryAdmin(args ...string) (string, error) {
 // event logs a nemesis event and counts it by kind.
 func (c *histCluster) event(kind, format string, args ...any) {
 	c.events[kind]++
+	c.note(kind, format, args...)
+}
+
+// note logs a step of the run that is not a fault (the seeding, the heal,
+// the sabotage, the final reads).
+func (c *histCluster) note(kind, format string, args ...any) {
 	l := fmt.Sprintf("%8.3fs %-12s %s", c.since().Seconds(), kind, fmt.Sprintf(format, args...))
 	c.log = append(c.log, l)
-	c.t.Log("nemesis: " + l)
+	c.t.Log("run: " + l)
 }
 
 func (c *histCluster) eventCounts() string {
@@ -482,7 +488,7 @@ func (c *histCluster) heal() {
 	}
 	waitUp(c.t, c.nodes[0].proc, histNodes)
 	waitRecovered(c.t, c.nodes[0].proc, histNodes)
-	c.event("healed", "every node up and recovered")
+	c.note("healed", "every node up and recovered")
 }
 
 // histOutcome classifies a failed operation's error.
@@ -685,7 +691,7 @@ func (c *histCluster) finalReads(rec *histcheck.Recorder) {
 			conn.Close()
 		}
 	}
-	c.event("final-reads", "every block through every gateway")
+	c.note("final-reads", "every block through every gateway")
 }
 
 // sabotage damages, in every copy's object file, the last acknowledged
@@ -750,7 +756,7 @@ func (c *histCluster) sabotage(ops []histcheck.Op, kind string, i int) int {
 	if files != histCopies {
 		c.t.Fatalf("sabotage %s of block %d: found %d copies of object %d of VDI %d, want %d", kind, reg, files, obj, c.vdiIDs[k], histCopies)
 	}
-	c.event("sabotage", "%s: block %d (VDI %d object %d) in %d copies: value %d replaced", kind, reg, c.vdiIDs[k], obj, files, ws[len(ws)-1].Value)
+	c.note("sabotage", "%s: block %d (VDI %d object %d) in %d copies: value %d replaced", kind, reg, c.vdiIDs[k], obj, files, ws[len(ws)-1].Value)
 	return reg
 }
 
