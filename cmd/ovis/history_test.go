@@ -218,10 +218,17 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 	}
 	slices.Sort(finalBad)
 	slices.Sort(coldBad)
+	example := "none"
+	for _, v := range rep.Violations {
+		if v.Read.Client == histFinalClient {
+			example = v.String()
+			break
+		}
+	}
 	summary := fmt.Sprintf("seed %d, workload %v, %d nodes, copies %d, %d VDIs of %d blocks (%d cold, written once)\nnemesis: %s\nsabotage: %v\n"+
-		"blocks wrong in the final reads (lost for good): %d %v\ncold blocks with a violation: %d of %d %v\n%s",
+		"blocks wrong in the final reads (lost for good): %d %v\n  the first: %s\ncold blocks with a violation: %d of %d %v\n%s",
 		cfg.seed, cfg.duration, histNodes, histCopies, histVDIs, histBlocksPerVDI, histObjects, c.eventCounts(), info.sabotaged,
-		len(finalBad), finalBad, len(coldBad), histVDIs*histObjects, coldBad, rep.Summary(20))
+		len(finalBad), finalBad, example, len(coldBad), histVDIs*histObjects, coldBad, rep.Summary(20))
 	t.Logf("history:\n%s", summary)
 	if cfg.out != "" {
 		full := summary + "\nevents:\n" + strings.Join(c.log, "\n") + "\n\nall violations:\n"
