@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +43,8 @@ type AdminRequest struct {
 	// (object.recover, object.replace, object.drop, vdi.purge).
 	Object uint64 `json:"object,omitempty"`
 	Source string `json:"source,omitempty"`
+	// All: every object some node reports unfound (lost.mark).
+	All bool `json:"all,omitempty"`
 	// Recovery changes a node's recovery (recovery.set).
 	Recovery *RecoveryControl `json:"recovery,omitempty"`
 }
@@ -111,6 +115,10 @@ func (s NodeStatus) RecoveryState() string {
 		return "done"
 	case !r.Listed:
 		return "listing"
+	case r.Unfound > 0 && r.Pending > 0:
+		return fmt.Sprintf("%d left, %d unfound (on %s)", r.Pending, r.Unfound, strings.Join(r.UnfoundOn, ","))
+	case r.Unfound > 0:
+		return fmt.Sprintf("%d unfound (on %s)", r.Unfound, strings.Join(r.UnfoundOn, ","))
 	}
 	return fmt.Sprintf("%d left", r.Pending)
 }
@@ -123,6 +131,11 @@ type Info struct {
 	Epoch   uint64                `json:"epoch"`
 	Nodes   []membership.NodeInfo `json:"nodes"`
 	History []membership.View     `json:"history"`
+	// Unfound counts the objects the nodes report unfound (their newest
+	// copy may be on nodes that are away: nobody serves them), and
+	// UnfoundOn the nodes they may be on.
+	Unfound   int      `json:"unfound"`
+	UnfoundOn []string `json:"unfound_on,omitempty"`
 }
 
 // CheckReport is what `ovis cluster check` finds.
@@ -202,6 +215,16 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		if info.History, err = mc.Epochs(ctx, from, v.Epoch); err != nil {
 			return nil, nil, err
 		}
+		nodes, _, err := n.nodeList(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, ns := range nodes.([]NodeStatus) {
+			info.Unfound += ns.Recovery.Unfound
+			info.UnfoundOn = append(info.UnfoundOn, ns.Recovery.UnfoundOn...)
+		}
+		slices.Sort(info.UnfoundOn)
+		info.UnfoundOn = slices.Compact(info.UnfoundOn)
 		return info, nil, nil
 	case "format":
 		f := membership.Format{Copies: ar.Copies, ObjectShift: ar.ObjectShift, Strict: ar.Strict}
@@ -284,6 +307,11 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 	case "object.recover", "object.replace", "object.drop", "vdi.purge":
 		msg, err := n.repairCmd(ctx, ar)
 		return msg, nil, err
+	case "recovery.unfound":
+		return n.rec.unfoundObjects(), nil, nil
+	case "lost.mark":
+		l, err := n.markLost(ctx, ar)
+		return l, nil, err
 	case "recovery.set":
 		if ar.Recovery != nil {
 			n.rec.control(*ar.Recovery)
@@ -291,6 +319,74 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		return n.rec.Stats(), nil, nil
 	}
 	return nil, nil, fmt.Errorf("unknown admin command %q", ar.Cmd)
+}
+
+// UnfoundObject is an object a node's recovery found unfound, and the
+// nodes that may hold its newest copy.
+type UnfoundObject struct {
+	Object string   `json:"object"`
+	VDI    string   `json:"vdi,omitempty"`
+	On     []string `json:"may_be_on"`
+	// Epoch is the epoch of a mark-lost: the object's copies unfound up
+	// to it are given up.
+	Epoch uint64 `json:"epoch,omitempty"`
+}
+
+// markLost gives up unfound objects (`ovis cluster mark-lost`): the one
+// ar.Object names, or with ar.All every object some node of the epoch
+// reports unfound. It marks them lost up to the current epoch
+// (membership.MarkLost) and returns them; each node's next run (within
+// unfoundRetry) decides them from the copies that answer.
+func (n *Node) markLost(ctx context.Context, ar AdminRequest) ([]UnfoundObject, error) {
+	v, err := n.mc.View(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var objs []UnfoundObject
+	if ar.Object != 0 {
+		objs = []UnfoundObject{{Object: object.ID(ar.Object).String()}}
+	} else if !ar.All {
+		return nil, errors.New("mark-lost: name an object, or give them all up (--all-unfound)")
+	} else {
+		seen := map[string]bool{}
+		for _, ni := range v.Nodes {
+			var some []UnfoundObject
+			if ni.ID == n.id {
+				some = n.rec.unfoundObjects()
+			} else if _, err := callAdmin(ctx, n.pool, ni.Addr, AdminRequest{Cmd: "recovery.unfound"}, nil, &some, nil); err != nil {
+				return nil, fmt.Errorf("mark-lost: asking node %s for its unfound objects: %w", ni.ID, err)
+			}
+			for _, u := range some {
+				if !seen[u.Object] {
+					seen[u.Object] = true
+					objs = append(objs, u)
+				}
+			}
+		}
+	}
+	ids := make([]object.ID, len(objs))
+	for i := range objs {
+		id, err := object.Parse(objs[i].Object)
+		if err != nil {
+			return nil, fmt.Errorf("mark-lost: %w", err)
+		}
+		if vd, err := n.mc.GetVDIByID(ctx, id.VDI()); err == nil {
+			objs[i].VDI = vd.Name
+		} else if errors.Is(err, membership.ErrNoVDI) {
+			return nil, fmt.Errorf("mark-lost: object %s: no VDI has it", id)
+		} else {
+			return nil, err
+		}
+		ids[i] = id
+		objs[i].Epoch = v.Epoch
+	}
+	if err := n.mc.MarkLost(ctx, ids, v.Epoch); err != nil {
+		return nil, err
+	}
+	for _, u := range objs {
+		n.log.Warn("an operator gave an unfound object up (mark-lost)", "object", u.Object, "vdi", u.VDI, "may_be_on", u.On, "epoch", v.Epoch)
+	}
+	return objs, nil
 }
 
 func (n *Node) self() NodeStatus {

@@ -172,3 +172,42 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 
 // listPage is how many objects one OpList of Check asks for.
 var listPage uint32 = 1 << 16
+
+// Unfound returns a check problem (kind "unfound") for each object some
+// node of nodes reports unfound: placed on it, with its newest copy
+// possibly on nodes that are away, so that nobody serves it. A check
+// compares the copies it finds; an object whose every holder is away is
+// in no listing, and only the recovery of the nodes placed for it knows
+// of it. A node that names fewer objects than it counts adds one problem
+// for the rest. vdis names the VDIs.
+func Unfound(nodes []NodeStatus, vdis []membership.VDI) []CheckResult {
+	names := map[object.VDI]string{}
+	for _, vd := range vdis {
+		names[vd.ID] = vd.Name
+	}
+	var out []CheckResult
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		r := n.Recovery
+		if n.State != "up" || r.Unfound == 0 {
+			continue
+		}
+		for _, o := range r.UnfoundObjects {
+			if seen[o] {
+				continue
+			}
+			seen[o] = true
+			name := "?"
+			if id, err := object.Parse(o); err == nil {
+				name = names[id.VDI()]
+			}
+			out = append(out, CheckResult{VDI: name, Object: o, Kind: "unfound", Nodes: r.UnfoundOn,
+				Problem: "unfound: its newest copy may be on nodes that are away; nobody serves it until one returns:"})
+		}
+		if more := r.Unfound - len(r.UnfoundObjects); more > 0 {
+			out = append(out, CheckResult{VDI: "-", Object: "-", Kind: "unfound", Nodes: r.UnfoundOn,
+				Problem: fmt.Sprintf("%d more objects unfound on node %s; they may be on:", more, n.ID)})
+		}
+	}
+	return out
+}

@@ -57,6 +57,13 @@ func (m *Metrics) watchNode(n *Node) {
 			func() float64 { return float64(usage().Allocated) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_free_bytes", Help: "Free bytes on the store's filesystem."},
 			func() float64 { return float64(usage().Free) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_recovery_unfound_objects",
+			Help: "Objects placed on this node whose newest copy may be on nodes that are away: nobody serves them until one returns."},
+			func() float64 {
+				n.rec.mu.Lock()
+				defer n.rec.mu.Unlock()
+				return float64(len(n.rec.unfound))
+			}),
 	)
 }
 

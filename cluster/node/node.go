@@ -104,7 +104,12 @@ type Config struct {
 	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
 	// is about 2 s).
 	LeaseTTL time.Duration
-	Logger   *slog.Logger
+	// IOTimeout bounds how long a request through this node's gateway
+	// waits for the cluster (a node to answer, a new epoch, an unfound
+	// object's holder to return) before it fails with EIO; default 30 s
+	// (gateway.Config.RetryTimeout).
+	IOTimeout time.Duration
+	Logger    *slog.Logger
 	// Registry receives the node's metrics; nil registers none.
 	Registry prometheus.Registerer
 }

@@ -33,18 +33,24 @@ type ranker struct {
 	r    *recoverer
 	upTo uint64            // the epoch being recovered
 	rec  map[string]uint64 // each node's last recovered epoch; read only
+	// lost maps the objects an operator gave up to the epoch of the
+	// mark (membership.MarkLost); read only.
+	lost map[object.ID]uint64
 }
 
 // rankerFor returns a ranker for decisions in epoch e: the one already
 // made for e (by the run, or an earlier on-demand recovery), so that an
 // object recovered on demand costs no etcd read for it; otherwise one
-// made from every node's recovered epoch, read now. A ranker kept while
-// nodes record newer epochs only ranks lower, which is safe.
-func (r *recoverer) rankerFor(ctx context.Context, e uint64) (*ranker, error) {
+// made from every node's recovered epoch, read now (fresh: always so,
+// for a run, which also sees the objects marked lost since). A ranker
+// kept while nodes record newer epochs only ranks lower, which is safe;
+// one kept while an object is marked lost still finds it unfound until
+// the next run.
+func (r *recoverer) rankerFor(ctx context.Context, e uint64, fresh bool) (*ranker, error) {
 	r.mu.Lock()
 	rk := r.rk
 	r.mu.Unlock()
-	if rk != nil && rk.upTo == e {
+	if rk != nil && rk.upTo == e && !fresh {
 		return rk, nil
 	}
 	rec, err := r.n.mc.Recovered(ctx)
@@ -52,35 +58,72 @@ func (r *recoverer) rankerFor(ctx context.Context, e uint64) (*ranker, error) {
 		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
 	}
 	rec[r.n.id] = max(rec[r.n.id], r.done.Load())
-	rk = &ranker{r: r, upTo: e, rec: rec}
+	lost, err := r.n.mc.Lost(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
+	}
+	rk = &ranker{r: r, upTo: e, rec: rec, lost: lost}
 	r.mu.Lock()
-	if r.rk == nil || r.rk.upTo < e {
+	if r.rk == nil || r.rk.upTo <= e {
 		r.rk = rk
 	}
 	r.mu.Unlock()
 	return rk, nil
 }
 
+// judge ranks obj's copies (those of the nodes of nodes, which all
+// answered: the copies they hold are in copies), and says whether they
+// settle the object: it sets the Rank of each copy, adds for each node of
+// nodes that holds nothing an Absent copy with its rank, when that rank
+// says something (above 0), and returns the nodes that did not answer
+// and may hold a newer copy (recovery.Unfound), nil when none. An object
+// of a VDI the table no longer has is placed nowhere: its copies come
+// back as they are, and recovery drops them.
+func (k *ranker) judge(ctx context.Context, obj object.ID, copies []recovery.Copy, nodes []string) ([]recovery.Copy, []string, error) {
+	vd, err := k.r.a.vdiAt(ctx, obj.VDI(), k.upTo)
+	if errors.Is(err, membership.ErrNoVDI) {
+		return copies, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	placed := map[uint64][]string{}
+	if copies, err = k.rank(ctx, obj, vd, copies, nodes, placed); err != nil {
+		return nil, nil, err
+	}
+	// An object given up (ovis cluster mark-lost) is judged only by the
+	// epochs after the mark.
+	from := max(vd.Epoch, k.lost[obj]+1)
+	away, err := recovery.Unfound(copies, func(id string) bool { _, ok := slices.BinarySearch(nodes, id); return ok }, from, k.upTo,
+		func(e uint64) (recovery.Placement, error) {
+			reps, err := k.r.placement(ctx, obj, vd, e, placed)
+			if errors.Is(err, membership.ErrNoEpoch) {
+				// The copies of e are no longer known: every node of e
+				// must have answered (some of them were the replicas).
+				v, verr := k.r.a.view(ctx, e)
+				if verr != nil {
+					return recovery.Placement{}, fmt.Errorf("object %s: epoch %d: %w", obj, e, verr)
+				}
+				return recovery.Placement{Nodes: viewIDs(v)}, nil
+			}
+			return recovery.Placement{Nodes: reps, Exact: true}, err
+		})
+	if err != nil {
+		return nil, nil, fmt.Errorf("object %s: %w", obj, err)
+	}
+	return copies, away, nil
+}
+
 // rank sets the Rank of each of obj's copies, and adds for each node of
 // nodes that holds nothing an Absent copy with its rank, when that rank
 // says something (above 0).
-func (k *ranker) rank(ctx context.Context, obj object.ID, copies []recovery.Copy, nodes []string) ([]recovery.Copy, error) {
-	vd, err := k.r.a.vdiAt(ctx, obj.VDI(), k.upTo)
-	if errors.Is(err, membership.ErrNoVDI) {
-		return copies, nil // placed nowhere: recovery drops it
-	}
-	if err != nil {
-		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
-	}
-	placed := map[uint64][]string{}
-	run := func(id string, s uint64) (uint64, error) {
-		return k.r.placedRun(ctx, obj, vd, id, s, k.upTo, placed)
-	}
+func (k *ranker) rank(ctx context.Context, obj object.ID, vd membership.VDI, copies []recovery.Copy, nodes []string, placed map[uint64][]string) ([]recovery.Copy, error) {
+	var err error
 	rankOf := func(id string, version uint64) (uint64, error) {
 		verEpoch := store.VersionEpoch(version)
 		best := verEpoch
 		for _, s := range []uint64{max(k.rec[id], vd.Epoch), verEpoch} {
-			e, err := run(id, s)
+			e, err := k.r.placedRun(ctx, obj, vd, id, s, k.upTo, placed)
 			if err != nil {
 				return 0, err
 			}
@@ -118,47 +161,53 @@ func viewIDs(v *gateway.View) []string {
 	return ids
 }
 
+// placement returns obj's replicas in epoch e, with the VDI's copies of
+// that epoch; placed caches them by epoch across calls. An epoch whose
+// copies the record no longer says gives membership.ErrNoEpoch, as does
+// one etcd no longer keeps.
+func (r *recoverer) placement(ctx context.Context, obj object.ID, vd membership.VDI, e uint64, placed map[uint64][]string) ([]string, error) {
+	if reps, ok := placed[e]; ok {
+		return reps, nil
+	}
+	// Each epoch's own copies (membership.AlterCopies); an epoch older
+	// than the record's history of them is not known.
+	copies, known := vd.CopiesAt(e)
+	if !known {
+		return nil, membership.ErrNoEpoch
+	}
+	v, err := r.a.view(ctx, e)
+	if err != nil {
+		return nil, err
+	}
+	var buf [16]string
+	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), buf[:0])
+	if err != nil {
+		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
+	}
+	reps = slices.Clone(reps)
+	placed[e] = reps
+	return reps, nil
+}
+
 // placedRun returns the last epoch of the unbroken run of epochs from s
 // up to upTo in which node id is placed for obj, and 0 when it is not
 // placed in s (or s is 0). An epoch etcd no longer keeps, or whose
 // copies the VDI's record no longer says, ends the run.
 // placed caches obj's placement by epoch across calls.
 func (r *recoverer) placedRun(ctx context.Context, obj object.ID, vd membership.VDI, id string, s, upTo uint64, placed map[uint64][]string) (uint64, error) {
-	var buf [16]string
-	placedAt := func(e uint64) (bool, error) {
-		reps, ok := placed[e]
-		if !ok {
-			// Each epoch's own copies (membership.AlterCopies); an epoch
-			// older than the record's history of them is not known.
-			copies, known := vd.CopiesAt(e)
-			if !known {
-				return false, membership.ErrNoEpoch
-			}
-			v, err := r.a.view(ctx, e)
-			if err != nil {
-				return false, err
-			}
-			if reps, err = v.Map.Place(obj, min(copies, v.Map.Zones()), buf[:0]); err != nil {
-				return false, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
-			}
-			reps = slices.Clone(reps)
-			placed[e] = reps
-		}
-		return slices.Contains(reps, id), nil
-	}
 	if s == 0 || s > upTo {
 		return 0, nil
 	}
 	e := s - 1
 	for e < upTo {
-		ok, err := placedAt(e + 1)
+		reps, err := r.placement(ctx, obj, vd, e+1, placed)
 		if errors.Is(err, membership.ErrNoEpoch) {
 			break
 		}
 		if err != nil {
 			return 0, fmt.Errorf("object %s: epoch %d: %w", obj, e+1, err)
 		}
-		if !ok {
+		if !slices.Contains(reps, id) {
 			break
 		}
 		e++

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,10 @@ import (
 //  2. Pull: workers carry out the pending steps, in parallel.
 //  3. Record: E is written as this node's recovered epoch in etcd, then
 //     kept in done: from then on every object is served without a check.
+//     Not while an object placed here is unfound (recovery.Unfound: a
+//     node that did not answer may hold its newest copy): the run then
+//     pulls the rest and waits for a new epoch (a holder's return), and
+//     the unfound objects are served by nobody meanwhile.
 //  4. Drop: copies this node holds but is no longer placed for are
 //     deleted once every node placed for them has recorded E
 //     (recovery.MayDrop).
@@ -41,7 +46,7 @@ import (
 //
 // Until the run of the current epoch is done, a request for an object
 // is served at once when the object is known current: listed and not
-// pending, or (before the listing ends) placed on this node in every
+// pending or unfound, or (before the listing ends) placed on this node in every
 // epoch since the node's last recovered epoch (or the VDI's creation),
 // so that every write of it reached this node. Any other object is
 // recovered on demand first (its copies stat'ed on every node of the
@@ -61,6 +66,9 @@ type recoverer struct {
 	epoch   uint64 // the epoch of the run under way (or last run)
 	listed  bool   // the run's listing is complete: pending is exact
 	pending map[object.ID]recovery.Step
+	// unfound maps the objects the run found unavailable to the nodes
+	// that may hold their newest copy (recovery.Unfound).
+	unfound map[object.ID][]string
 	early   map[object.ID]bool // recovered on demand before the listing ended
 	busy    map[object.ID]chan struct{}
 	stats   RecoveryStats
@@ -77,22 +85,31 @@ type recoverer struct {
 	rk *ranker // the ranker of the newest epoch decided in (rankerFor)
 }
 
+// maxUnfoundShown bounds RecoveryStats.UnfoundObjects.
+const maxUnfoundShown = 32
+
 // RecoveryStats is what node list shows of a node's recovery.
 type RecoveryStats struct {
-	Epoch     uint64 `json:"epoch"`     // the epoch being (or last) recovered
-	Done      uint64 `json:"done"`      // the last epoch completely recovered
-	Listed    bool   `json:"listed"`    // the listing of Epoch is complete
-	Pending   int    `json:"pending"`   // objects still to recover
-	Recovered int64  `json:"recovered"` // objects recovered in this run
-	Bytes     int64  `json:"bytes"`     // bytes pulled in this run
-	Dropped   int64  `json:"dropped"`   // copies dropped in this run
-	Clean     uint64 `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
-	Paused    bool   `json:"paused"`    // background pulls paused
-	MaxRate   int64  `json:"max_rate"`  // bytes per second, 0 for no bound
+	Epoch   uint64 `json:"epoch"`   // the epoch being (or last) recovered
+	Done    uint64 `json:"done"`    // the last epoch completely recovered
+	Listed  bool   `json:"listed"`  // the listing of Epoch is complete
+	Pending int    `json:"pending"` // objects still to recover
+	// Unfound counts the objects placed here whose newest copy may be on
+	// nodes that are away (UnfoundOn): nobody serves them until one
+	// returns. UnfoundObjects names some of them.
+	Unfound        int      `json:"unfound"`
+	UnfoundOn      []string `json:"unfound_on,omitempty"`
+	UnfoundObjects []string `json:"unfound_objects,omitempty"`
+	Recovered      int64    `json:"recovered"` // objects recovered in this run
+	Bytes          int64    `json:"bytes"`     // bytes pulled in this run
+	Dropped        int64    `json:"dropped"`   // copies dropped in this run
+	Clean          uint64   `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
+	Paused         bool     `json:"paused"`    // background pulls paused
+	MaxRate        int64    `json:"max_rate"`  // bytes per second, 0 for no bound
 }
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
-	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, early: map[object.ID]bool{},
+	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, unfound: map[object.ID][]string{}, early: map[object.ID]bool{},
 		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{})}
 	r.done.Store(done)
 	return r
@@ -105,6 +122,18 @@ func (r *recoverer) Stats() RecoveryStats {
 	s := r.stats
 	s.Epoch, s.Done, s.Listed, s.Pending = r.epoch, r.done.Load(), r.listed, len(r.pending)
 	s.Paused, s.MaxRate, s.Clean = r.paused, r.maxRate, r.clean
+	s.Unfound = len(r.unfound)
+	objs := make([]object.ID, 0, len(r.unfound))
+	for obj, away := range r.unfound {
+		objs = append(objs, obj)
+		s.UnfoundOn = append(s.UnfoundOn, away...)
+	}
+	slices.Sort(s.UnfoundOn)
+	s.UnfoundOn = slices.Compact(s.UnfoundOn)
+	slices.Sort(objs)
+	for _, obj := range objs[:min(len(objs), maxUnfoundShown)] {
+		s.UnfoundObjects = append(s.UnfoundObjects, obj.String())
+	}
 	return s
 }
 
@@ -184,10 +213,17 @@ func (r *recoverer) loop(ctx context.Context) {
 			cancel()
 			if err != nil && ctx.Err() == nil && r.n.views.Epoch() == v.Epoch {
 				r.n.log.Warn("recovery", "epoch", v.Epoch, "err", err)
-				select {
-				case <-ctx.Done():
+				// An unfound object waits for a holder's return, which
+				// makes a new epoch; look again now and then all the same.
+				wait := 500 * time.Millisecond
+				if errors.Is(err, errRunUnfound) {
+					wait = unfoundRetry
+				}
+				wctx, cancel := context.WithTimeout(ctx, wait)
+				_, _ = r.n.views.Await(wctx, v.Epoch)
+				cancel()
+				if ctx.Err() != nil {
 					return
-				case <-time.After(500 * time.Millisecond):
 				}
 			}
 			continue
@@ -204,6 +240,7 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if r.epoch != v.Epoch {
 		r.epoch, r.listed = v.Epoch, false
 		r.pending = map[object.ID]recovery.Step{}
+		r.unfound = map[object.ID][]string{}
 		r.early = map[object.ID]bool{}
 		r.stats = RecoveryStats{}
 	}
@@ -215,19 +252,28 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if err != nil {
 		return err
 	}
-	rk, err := r.rankerFor(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch, true)
 	if err != nil {
 		return err
 	}
 	nodes := viewIDs(v)
 	pending := map[object.ID]recovery.Step{}
+	unfound := map[object.ID][]string{}
 	for obj, copies := range held {
-		if copies, err = rk.rank(ctx, obj, copies, nodes); err != nil {
+		copies, away, err := rk.judge(ctx, obj, copies, nodes)
+		if err != nil {
 			return fmt.Errorf("recovery: epoch %d: %w", v.Epoch, err)
+		}
+		if away != nil {
+			unfound[obj] = away
+			continue
 		}
 		if st := recovery.Decide(r.n.id, copies); st.Action != recovery.Keep {
 			pending[obj] = st
 		}
+	}
+	if err := r.unheld(ctx, v, rk, held, unfound); err != nil {
+		return fmt.Errorf("recovery: epoch %d: %w", v.Epoch, err)
 	}
 	r.mu.Lock()
 	if r.epoch != v.Epoch {
@@ -236,13 +282,21 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	}
 	for obj := range r.early {
 		delete(pending, obj)
+		delete(unfound, obj)
 	}
-	r.pending, r.listed = pending, true
+	r.pending, r.unfound, r.listed = pending, unfound, true
 	r.mu.Unlock()
-	r.n.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "took", time.Since(start).Round(time.Millisecond))
+	r.n.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", time.Since(start).Round(time.Millisecond))
 
 	if err := r.pullAll(ctx, v); err != nil {
 		return err
+	}
+	if st := r.Stats(); st.Unfound > 0 {
+		// Recording E would say this node holds the newest copy of every
+		// object placed on it: not of these.
+		r.n.log.Warn("recovery: objects unavailable: every node that may hold their newest copy is away; they are served when one returns",
+			"epoch", v.Epoch, "unfound", st.Unfound, "may_be_on", st.UnfoundOn, "objects", st.UnfoundObjects)
+		return fmt.Errorf("%w: %d objects, which may be on %v", errRunUnfound, st.Unfound, st.UnfoundOn)
 	}
 	if err := r.n.mc.SetRecovered(ctx, r.n.id, v.Epoch); err != nil {
 		return err
@@ -251,6 +305,88 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	st := r.Stats()
 	r.n.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
 	return r.dropMoved(ctx, v)
+}
+
+// unfoundObjects lists every object the run found unfound, sorted.
+func (r *recoverer) unfoundObjects() []UnfoundObject {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]UnfoundObject, 0, len(r.unfound))
+	for obj, away := range r.unfound {
+		out = append(out, UnfoundObject{Object: obj.String(), On: away})
+	}
+	slices.SortFunc(out, func(a, b UnfoundObject) int { return strings.Compare(a.Object, b.Object) })
+	return out
+}
+
+// errRunUnfound ends a run that found objects unavailable: it is not
+// recorded. unfoundRetry is how long the node waits before it runs again
+// in the same epoch (a holder's return makes a new epoch at once).
+var errRunUnfound = errors.New("recovery: the run is incomplete: objects are unfound")
+
+const unfoundRetry = 5 * time.Second
+
+// unfoundError refuses a request on an object whose newest copy may be on
+// nodes that are away.
+type unfoundError struct {
+	obj  object.ID
+	away []string
+}
+
+func (e *unfoundError) Error() string {
+	return fmt.Sprintf("object %s is unavailable: every node that may hold its newest copy is away (%s)", e.obj, strings.Join(e.away, ", "))
+}
+
+// unheld finds, among the objects of every VDI that are placed on this
+// node in v and that no node of v holds (not in held), those that may
+// have been written while held by nodes that are away now, and adds them
+// to unfound. A listing shows only what the nodes that answered hold:
+// an object whose every holder is away is in no listing, and its absence
+// is evidence only if recovery.Unfound says so. An object this node was
+// placed for in every epoch since it was last known current needs no
+// look: it received every write.
+func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, held map[object.ID][]recovery.Copy, unfound map[object.ID][]string) error {
+	vdis, err := r.n.mc.ListVDIs(ctx)
+	if err != nil {
+		return fmt.Errorf("listing the VDIs: %w", err)
+	}
+	nodes := viewIDs(v)
+	for _, vd := range vdis {
+		if vd.Epoch > v.Epoch {
+			continue // created after v: nothing of it was written before
+		}
+		count := uint32((vd.Size + 1<<vd.ObjectShift - 1) >> vd.ObjectShift)
+		for i := range count {
+			if i%4096 == 0 && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			obj := object.Make(vd.ID, i)
+			if _, ok := held[obj]; ok {
+				continue
+			}
+			mine, err := r.placedOn(ctx, v, obj, r.n.id)
+			if err != nil {
+				return err
+			}
+			if !mine {
+				continue
+			}
+			if ok, err := r.continuous(ctx, obj, v.Epoch); err != nil || ok {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			_, away, err := rk.judge(ctx, obj, nil, nodes)
+			if err != nil {
+				return err
+			}
+			if away != nil {
+				unfound[obj] = away
+			}
+		}
+	}
+	return nil
 }
 
 // gather lists, from every node of v and from the local store, the
@@ -533,12 +669,13 @@ func (r *recoverer) known(ctx context.Context, obj object.ID, e uint64) (bool, e
 	busy := r.busy[obj] != nil
 	listed := r.listed && r.epoch == e
 	_, pending := r.pending[obj]
+	_, unfound := r.unfound[obj]
 	r.mu.Unlock()
 	switch {
 	case busy:
 		return false, nil
 	case listed:
-		return !pending, nil
+		return !pending && !unfound, nil
 	}
 	return r.continuous(ctx, obj, e)
 }
@@ -563,10 +700,16 @@ func (r *recoverer) awaitIdle(ctx context.Context, obj object.ID) error {
 }
 
 // now recovers obj on demand: its copies are stat'ed on every node of v,
-// and the decision carried out at once.
+// and the decision carried out at once. An object the run found unfound
+// is refused at once (only a new epoch changes that); one found unfound
+// here is refused too (*unfoundError).
 func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) error {
 	if err := r.awaitIdle(ctx, obj); err != nil {
 		return err
+	}
+	if away, ok := r.unfound[obj]; ok && r.epoch == v.Epoch {
+		r.mu.Unlock()
+		return &unfoundError{obj: obj, away: away}
 	}
 	ch := make(chan struct{})
 	r.busy[obj] = ch
@@ -581,12 +724,16 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 	if err != nil {
 		return err
 	}
-	rk, err := r.rankerFor(ctx, v.Epoch)
+	rk, err := r.rankerFor(ctx, v.Epoch, false)
 	if err != nil {
 		return err
 	}
-	if copies, err = rk.rank(ctx, obj, copies, viewIDs(v)); err != nil {
+	copies, away, err := rk.judge(ctx, obj, copies, viewIDs(v))
+	if err != nil {
 		return err
+	}
+	if away != nil {
+		return &unfoundError{obj: obj, away: away}
 	}
 	st := recovery.Decide(r.n.id, copies)
 	if err := r.apply(ctx, v, obj, st); err != nil {
@@ -851,7 +998,11 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 			if slices.Contains(reps, r.n.id) {
 				continue
 			}
-			if !recovery.MayDrop(r.n.id, reps, v.Epoch, rec) {
+			through, err := r.recoveredThrough(ctx, in.ID, reps, v.Epoch, rec)
+			if err != nil {
+				return err
+			}
+			if !recovery.MayDrop(r.n.id, reps, v.Epoch, through) {
 				left++
 				continue
 			}
@@ -885,6 +1036,39 @@ func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
 		case <-time.After(backoff):
 		}
 	}
+}
+
+// recoveredThrough gives, for each node of reps (obj's replicas in epoch
+// e), its recorded epoch (rec) when it is at least e and the node stayed
+// placed for obj from e up to it: its run then made its copy of obj
+// current (recovery.MayDrop). A run of an epoch in which the node was no
+// longer placed for obj says nothing of obj.
+func (r *recoverer) recoveredThrough(ctx context.Context, obj object.ID, reps []string, e uint64, rec map[string]uint64) (map[string]uint64, error) {
+	last := e
+	for _, n := range reps {
+		last = max(last, rec[n])
+	}
+	// A record read once the last of those epochs was known gives its
+	// copies.
+	vd, err := r.a.vdiAt(ctx, obj.VDI(), last)
+	if err != nil {
+		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
+	}
+	through := make(map[string]uint64, len(reps))
+	placed := map[uint64][]string{}
+	for _, n := range reps {
+		if rec[n] < e {
+			continue
+		}
+		end, err := r.placedRun(ctx, obj, vd, n, e, rec[n], placed)
+		if err != nil {
+			return nil, err
+		}
+		if end == rec[n] {
+			through[n] = rec[n]
+		}
+	}
+	return through, nil
 }
 
 // forgetTombstones deletes the tombstones held here that no node needs

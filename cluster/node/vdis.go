@@ -95,7 +95,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	}
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, CopiesAt: copiesAt(v), ObjectShift: v.ObjectShift,
 		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict,
-		Live: r.n.live, AwaitLive: r.n.awaitLive}
+		Live: r.n.live, AwaitLive: r.n.awaitLive, RetryTimeout: r.n.cfg.IOTimeout}
 	if lk != nil {
 		cfg.Token = lk.Token
 	}

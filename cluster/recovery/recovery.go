@@ -41,8 +41,49 @@
 //     acknowledged.
 //  4. A copy a node no longer should hold is dropped only once every node
 //     now placed for it has finished recovering an epoch at least as
-//     new as the one the decision is made in: each of them then holds a
-//     copy at least as new as the dropped one.
+//     new as the one the decision is made in, and stayed placed for it
+//     up to that epoch: each of them then holds a copy at least as new
+//     as the dropped one.
+//  5. Absence is evidence only when every possible holder answered
+//     (Unfound): a decision is made, and a run counts as complete, only
+//     for an object of which, in every epoch after the best rank among
+//     the answers, some node placed for it answered. Otherwise the
+//     object is unavailable: it is neither served nor decided, and the
+//     run of the epoch is not recorded.
+//
+// # Why absence needs every possible holder (Unfound)
+//
+// Ranks and Decide judge the copies of the nodes that answered. A node
+// that holds nothing of an object is taken to show that it was never
+// written (or, of a high rank, that a copy of a lower rank holds writes
+// never acknowledged). That holds only if no node that did not answer
+// may hold a newer copy. Issue 26 is what happens otherwise: every
+// holder of an object is down, the nodes still up are placed for it, find
+// no copy, record the epoch as recovered, and when the holders return
+// their copies rank below that "absence" and are dropped, while reads in
+// between return zeros.
+//
+// The rule: let R be the best rank among the answers (0 when none says
+// anything) and W the epoch of the object's last acknowledged write.
+// Every node placed for the object in W received that write. If W > R,
+// take a node Z placed in W that answered: it held the write, so its
+// copy's version epoch, and with it its rank, is at least W > R, unless
+// it no longer holds it. A copy goes only in three ways: replaced by a
+// copy of a higher rank (which holds the write: invariant 1), dropped as
+// holding only writes never acknowledged (not this one: it was
+// acknowledged), or dropped as moved (invariant 4) once every node placed
+// for it in a later epoch W' held it; some node placed in W' answered
+// too, and the same argument applies to it, with W' > W. Epochs end at
+// the one being decided, so some answering node holds a copy of rank at
+// least W > R: a contradiction. So W <= R, and the copy of the best rank
+// holds the last acknowledged write. Unfound checks the premise: in every
+// epoch from R+1 (or the VDI's creation) to the one decided, some node
+// placed for the object answered. Where an epoch's placement is no
+// longer known (the VDI's copies then), every node of that epoch must
+// have answered.
+//
+// Ceph calls such an object "down" or "unfound" and makes I/O wait until
+// a holder returns or an operator gives it up; so does ovis.
 package recovery
 
 import (
@@ -189,8 +230,11 @@ func Decide(self string, copies []Copy) Step {
 // MayDrop reports whether node self, which holds a copy of an object it
 // is no longer placed for in epoch, may delete that copy: every node
 // placed for the object has recorded recovery complete for epoch or a
-// later one (recovered maps a node to its last complete epoch). With
-// no placed node at all (nothing to hand the copy to) it may not.
+// later one, and stayed placed for the object from epoch up to that
+// one. recovered maps a node to that epoch for this object: its last
+// complete run if it stayed placed from epoch to it, else 0 (a run of an
+// epoch in which it was not placed says nothing of the object). With no
+// placed node at all (nothing to hand the copy to) it may not.
 func MayDrop(self string, placed []string, epoch uint64, recovered map[string]uint64) bool {
 	if len(placed) == 0 || slices.Contains(placed, self) {
 		return false
@@ -216,4 +260,53 @@ func TombstoneFloor(recovered, clean map[string]uint64) uint64 {
 		floor = min(floor, clean[id])
 	}
 	return floor
+}
+
+// Placement is where one object was placed in one epoch, as Unfound
+// sees it: its replicas (Exact), or, where the epoch's copies of the
+// object's VDI are no longer known, every node of the epoch (some of
+// which were its replicas).
+type Placement struct {
+	Nodes []string
+	Exact bool
+}
+
+// Unfound returns the nodes that may hold a copy of an object newer than
+// every copy the answering nodes hold, sorted; nil when the answers
+// settle the object (see the package comment). copies are the answering
+// nodes' ranked copies (Absent ones included); answered says whether a
+// node answered (held nothing or a copy in copies); from is the first
+// epoch in which the object can have been written (its VDI's creation),
+// upTo the epoch decided in, and placed gives the object's placement in
+// an epoch. An error from placed is returned as it is.
+func Unfound(copies []Copy, answered func(node string) bool, from, upTo uint64, placed func(epoch uint64) (Placement, error)) ([]string, error) {
+	best := uint64(0)
+	for _, c := range copies {
+		best = max(best, c.Rank)
+	}
+	var away []string
+	for e := max(best+1, from, 1); e <= upTo; e++ {
+		p, err := placed(e)
+		if err != nil {
+			return nil, err
+		}
+		var missing []string
+		some := false
+		for _, n := range p.Nodes {
+			if answered(n) {
+				some = true
+			} else {
+				missing = append(missing, n)
+			}
+		}
+		if (p.Exact && some) || len(missing) == 0 {
+			continue
+		}
+		away = append(away, missing...)
+	}
+	if away == nil {
+		return nil, nil
+	}
+	slices.Sort(away)
+	return slices.Compact(away), nil
 }

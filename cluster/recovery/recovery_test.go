@@ -103,15 +103,30 @@ func bump(old, epoch uint64) uint64 {
 	return max(old+1, epoch<<32|1)
 }
 
+// state is what a read of a copy gives: the data of a write, 0 for
+// nothing or a removal.
+func (c *copyOf) state() int {
+	if c == nil || c.tombstone {
+		return 0
+	}
+	return c.data
+}
+
 // TestHistories drives one object through random histories of writes,
-// removals, nodes leaving, returning and crashing, nodes cut off while
-// their gateway writes, and epochs, with the rules the node follows: a
-// node placed for the object decides (Decide over the live nodes' copies,
-// ranked as cluster/node ranks them) before it takes a write, and
-// whenever the test says so. The property: once every placed node has
-// recovered in the current epoch, each holds exactly the last
-// acknowledged write (or its removal), as long as one live node held it;
-// a cut-off writer's unacknowledged write never comes back.
+// reads, removals, nodes leaving (every holder at once included),
+// returning in any order and crashing, nodes cut off while their gateway
+// writes, and epochs, with the rules the node follows: a node placed for
+// the object decides (Unfound, then Decide over the live nodes' copies,
+// ranked as cluster/node ranks them) before it serves a read or takes a
+// write, and whenever the test says so; an object Unfound names is not
+// served, and the node's run is not recorded. The properties:
+//   - no read returns anything but the last acknowledged write or one
+//     made after it that failed (an indeterminate write);
+//   - once every node is back and recovery ran, each placed node holds
+//     exactly that; an acknowledged write is never lost, whatever was
+//     away for however long;
+//   - a cut-off writer's unacknowledged write never comes back (unless
+//     it returned before the others could recover: see the final phase).
 func TestHistories(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		nodes := []string{"a", "b", "c", "d", "e"}
@@ -121,8 +136,13 @@ func TestHistories(t *testing.T) {
 		}
 		held := map[string]*copyOf{}
 		epoch := uint64(1)
-		truth, removed := 0, false
+		truth := 0 // the last acknowledged write's data (0: none, or removed)
 		next := 1
+		// maybe holds the data of the writes that failed after the last
+		// acknowledged one, having reached some copies: any of them may
+		// be what the object ends up holding.
+		maybe := map[int]bool{}
+		cutBack := false // a cut-off writer returned before the others recovered
 		// rec is each node's last epoch of a completed run; hist the
 		// placement of every epoch; cut the nodes that left cut off, with
 		// the epoch of the run that must complete before they return.
@@ -142,6 +162,11 @@ func TestHistories(t *testing.T) {
 			l = append(l[k:], l[:k]...)
 			return l[:min(3, len(l))]
 		}
+		newEpoch := func() {
+			epoch++
+			hist[epoch] = place()
+		}
+		hist[epoch] = place()
 		placedAt := func(e uint64, n string) bool { return slices.Contains(hist[e], n) }
 		// rank is cluster/node's: the copy's version epoch, or the end
 		// of the unbroken run of placed epochs from the node's last
@@ -168,12 +193,29 @@ func TestHistories(t *testing.T) {
 				case c != nil:
 					cs = append(cs, Copy{Node: n, Version: c.version, Suspect: c.suspect, Tombstone: c.tombstone, Rank: rank(n, c)})
 				default:
-					cs = append(cs, Copy{Node: n, Absent: true, Rank: rank(n, &copyOf{})})
+					if r := rank(n, &copyOf{}); r > 0 {
+						cs = append(cs, Copy{Node: n, Absent: true, Rank: r})
+					}
 				}
 			}
 			return cs
 		}
-		recover := func(n string) {
+		unfound := func() []string {
+			cs := copiesNow()
+			away, err := Unfound(cs, func(n string) bool { return live[n] }, 1, epoch, func(e uint64) (Placement, error) {
+				return Placement{Nodes: hist[e], Exact: true}, nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return away
+		}
+		// recover makes n's copy current, as the node does before it
+		// serves the object; false when the object is unavailable.
+		recover := func(n string) bool {
+			if unfound() != nil {
+				return false
+			}
 			st := Decide(n, copiesNow())
 			switch st.Action {
 			case Pull:
@@ -187,14 +229,17 @@ func TestHistories(t *testing.T) {
 			case Drop:
 				delete(held, n)
 			}
+			return true
 		}
-		survives := func() bool {
-			for _, n := range nodes {
-				if c := held[n]; live[n] && c != nil && !c.suspect && c.data == truth && c.tombstone == removed {
-					return true
-				}
+		ok := func(data int) bool {
+			return data == truth || maybe[data] || (cutBack && data < 0)
+		}
+		describe := func(n string) string {
+			c := held[n]
+			if c == nil {
+				return "none"
 			}
-			return truth == 0
+			return fmt.Sprintf("data %d tombstone %v suspect %v v%x", c.data, c.tombstone, c.suspect, c.version)
 		}
 		liveCount := func() int {
 			cnt := 0
@@ -205,65 +250,86 @@ func TestHistories(t *testing.T) {
 			}
 			return cnt
 		}
-		steps := rapid.IntRange(1, 60).Draw(t, "steps")
+		// runAll is a recovery run on every placed node: it completes
+		// (and is recorded) where the object is not unfound.
+		runAll := func(step int) {
+			for _, n := range place() {
+				if !recover(n) {
+					continue
+				}
+				rec[n] = epoch
+				if c := held[n]; (c != nil && c.suspect) || !ok(c.state()) {
+					t.Fatalf("step %d: node %s (placed %v, epoch %d) recovered and holds %s, want data %d (or one of %v)", step, n, place(), epoch, describe(n), truth, maybe)
+				}
+			}
+		}
+		// comeBack brings node n back, as a node returns with whatever
+		// it held.
+		comeBack := func(n string) {
+			live[n] = true
+			delete(cut, n)
+			newEpoch()
+		}
+		steps := rapid.IntRange(1, 80).Draw(t, "steps")
 		for i := 0; i < steps; i++ {
-			hist[epoch] = place()
-			op := rapid.IntRange(0, 6).Draw(t, "op")
+			op := rapid.IntRange(0, 7).Draw(t, "op")
 			switch op {
-			case 0, 1: // a write (or a removal) to every placed node
+			case 0, 1: // a write (or a removal) through every placed node
 				rm := rapid.IntRange(0, 4).Draw(t, "remove") == 0
+				data := next
+				if rm {
+					data = 0
+				}
+				applied, failed := 0, 0
 				for _, n := range place() {
-					recover(n)
+					if !recover(n) {
+						failed++ // refused: the object is unavailable there
+						continue
+					}
 					old := uint64(0)
 					if c := held[n]; c != nil {
 						old = c.version
 					}
-					c := &copyOf{version: bump(old, epoch), data: next, tombstone: rm}
-					if rm {
-						c.data = 0
-					}
-					held[n] = c
+					held[n] = &copyOf{version: bump(old, epoch), data: data, tombstone: rm}
+					applied++
 				}
-				truth, removed = next, rm
-				if rm {
-					truth = 0
+				switch {
+				case failed == 0:
+					truth = data
+					maybe = map[int]bool{}
+				case applied > 0:
+					maybe[data] = true // failed, but reached some copies
 				}
 				next++
-			case 2: // a node leaves, if three would stay
+			case 2: // a node leaves; every node but one may go
 				n := rapid.SampledFrom(nodes).Draw(t, "leave")
-				if live[n] && liveCount() > 3 {
+				if live[n] && liveCount() > 1 {
 					live[n] = false
-					epoch++
+					newEpoch()
 				}
 			case 3: // a node returns with whatever it held
 				n := rapid.SampledFrom(nodes).Draw(t, "return")
 				// A node cut off is away a lease's time at least: the
 				// others' run of the epoch without it completes first.
-				if e, ok := cut[n]; ok && rec[place()[0]] < e {
+				if e, isCut := cut[n]; isCut && rec[place()[0]] < e {
 					break
 				}
 				if !live[n] {
-					live[n] = true
-					delete(cut, n)
-					epoch++
+					comeBack(n)
 				}
 			case 4: // a node crashes with unflushed writes and restarts
 				n := rapid.SampledFrom(nodes).Draw(t, "crash")
 				if c := held[n]; c != nil && live[n] && rapid.Bool().Draw(t, "torn") {
 					c.suspect = true
 				}
-				epoch++
+				newEpoch()
 			case 5: // recovery runs on every placed node
-				for _, n := range place() {
-					recover(n)
-					rec[n] = epoch
-				}
+				runAll(i)
 			case 6: // a placed node is cut off while its gateway writes
 				p := rapid.SampledFrom(place()).Draw(t, "cut")
-				if liveCount() <= 3 {
+				if liveCount() <= 3 || !recover(p) {
 					break
 				}
-				recover(p)
 				old := uint64(0)
 				if c := held[p]; c != nil {
 					old = c.version
@@ -272,37 +338,116 @@ func TestHistories(t *testing.T) {
 				held[p] = &copyOf{version: bump(old, epoch), data: -next}
 				next++
 				live[p] = false
-				epoch++
+				newEpoch()
 				cut[p] = epoch
-			}
-			recovered := op == 5
-			if !survives() {
-				// More nodes away than the copies cover: the property
-				// holds only while one live node has the last write.
-				return
-			}
-			if !recovered {
-				continue
-			}
-			for _, n := range place() {
-				c := held[n]
-				got := "none"
-				if c != nil {
-					got = fmt.Sprintf("data %d tombstone %v suspect %v v%x", c.data, c.tombstone, c.suspect, c.version)
-				}
-				if truth == 0 {
-					if c != nil && !c.tombstone && c.data != 0 && !removed {
-						t.Fatalf("step %d: node %s holds %s, want nothing", i, n, got)
-					}
-					if removed && (c == nil || !c.tombstone) {
-						t.Fatalf("step %d: node %s holds %s, want the removal's tombstone", i, n, got)
-					}
-					continue
-				}
-				if c == nil || c.suspect || c.tombstone || c.data != truth {
-					t.Fatalf("step %d: node %s (placed %v, epoch %d) holds %s, want data %d", i, n, place(), epoch, got, truth)
+			case 7: // a read through one placed node
+				n := rapid.SampledFrom(place()).Draw(t, "read")
+				if recover(n) && !ok(held[n].state()) {
+					t.Fatalf("step %d: a read through node %s (placed %v, epoch %d) returns %s, want data %d (or one of %v)", i, n, place(), epoch, describe(n), truth, maybe)
 				}
 			}
 		}
+		// Every node comes back, in any order, with recovery between:
+		// cut-off writers last, once the others recovered if they can.
+		for {
+			var away []string
+			for _, n := range nodes {
+				if !live[n] {
+					away = append(away, n)
+				}
+			}
+			if len(away) == 0 {
+				break
+			}
+			slices.SortStableFunc(away, func(a, b string) int {
+				_, ca := cut[a]
+				_, cb := cut[b]
+				switch {
+				case ca == cb:
+					return 0
+				case ca:
+					return 1
+				}
+				return -1
+			})
+			k := 0
+			if _, isCut := cut[away[0]]; !isCut {
+				k = rapid.IntRange(0, len(away)-1).Draw(t, "back")
+				if _, isCut := cut[away[k]]; isCut {
+					k = 0
+				}
+			}
+			n := away[k]
+			if e, isCut := cut[n]; isCut && rec[place()[0]] < e {
+				// The others could not recover (the object was
+				// unavailable to them): the writer's unacknowledged
+				// write is then an indeterminate one, which may win.
+				cutBack = true
+			}
+			comeBack(n)
+			runAll(steps)
+		}
+		runAll(steps)
+		runAll(steps)
+		for _, n := range place() {
+			if away := unfound(); away != nil {
+				t.Fatalf("every node is back, yet the object is unfound on %v", away)
+			}
+			if c := held[n]; rec[n] != epoch || (c != nil && c.suspect) || !ok(c.state()) {
+				t.Fatalf("the end: node %s (placed %v, epoch %d, recovered %d) holds %s, want data %d (or one of %v)", n, place(), epoch, rec[n], describe(n), truth, maybe)
+			}
+		}
 	})
+}
+
+func TestUnfound(t *testing.T) {
+	// The object's placement: epochs 1-3 on a b c, 4 on a d e (a, b and c
+	// went; d and e came), 5 on d e f.
+	hist := map[uint64][]string{1: {"a", "b", "c"}, 2: {"a", "b", "c"}, 3: {"a", "b", "c"}, 4: {"a", "d", "e"}, 5: {"d", "e", "f"}}
+	exact := func(e uint64) (Placement, error) { return Placement{Nodes: hist[e], Exact: true}, nil }
+	members := map[uint64][]string{3: {"a", "b", "c", "d"}}
+	fuzzy := func(e uint64) (Placement, error) {
+		if m, ok := members[e]; ok {
+			return Placement{Nodes: m}, nil
+		}
+		return exact(e)
+	}
+	tests := []struct {
+		name     string
+		copies   []Copy
+		answered []string
+		from     uint64
+		placed   func(uint64) (Placement, error)
+		want     []string
+	}{
+		{"everybody answered", nil, []string{"a", "b", "c", "d", "e", "f"}, 1, exact, nil},
+		// Issue 26: a, b and c, every holder of epochs 1-3, are away; d
+		// holds nothing and knows nothing of the object before epoch 4.
+		{"every holder of epochs 1-3 away: absence says nothing", []Copy{{Node: "d", Absent: true}}, []string{"d", "e", "f"}, 1, exact, []string{"a", "b", "c"}},
+		{"a copy of a lower rank does not cover the epochs after it", []Copy{{Node: "f", Version: 1 << 32, Rank: 1}}, []string{"f"}, 1, exact, []string{"a", "b", "c", "d", "e"}},
+		{"a rank of 3 and a node of epoch 4 answering settle it", []Copy{{Node: "d", Absent: true, Rank: 3}}, []string{"d", "e", "f"}, 1, exact, nil},
+		{"one holder of each epoch answered", []Copy{{Node: "c", Version: 3 << 32, Rank: 3}}, []string{"c", "d", "f"}, 1, exact, nil},
+		{"a rank covers the epochs nobody answers for", []Copy{{Node: "d", Version: 5 << 32, Rank: 5}}, []string{"d"}, 1, exact, nil},
+		{"epochs before the VDI's creation do not count", nil, []string{"d", "f"}, 4, exact, nil},
+		{"a kept node of epoch 4 answered, epoch 1-3's did not", nil, []string{"a", "d", "f"}, 1, exact, nil},
+		{"epoch 4 lost everybody but a, who is away", []Copy{{Node: "b", Version: 2 << 32, Rank: 3}}, []string{"b", "f"}, 1, exact, []string{"a", "d", "e"}},
+		{"an epoch of unknown copies needs every member", []Copy{{Node: "a", Version: 2 << 32, Rank: 2}}, []string{"a", "b", "c", "d", "e", "f"}, 1, fuzzy, nil},
+		{"an epoch of unknown copies with a member away", []Copy{{Node: "a", Version: 2 << 32, Rank: 2}}, []string{"a", "b", "c", "e", "f"}, 1, fuzzy, []string{"d"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Unfound(tt.copies, func(n string) bool { return slices.Contains(tt.answered, n) }, tt.from, 5, tt.placed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("Unfound = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	// An error from placed is returned.
+	boom := fmt.Errorf("no epoch")
+	if _, err := Unfound(nil, func(string) bool { return false }, 1, 2, func(uint64) (Placement, error) { return Placement{}, boom }); err != boom {
+		t.Errorf("Unfound with a failing placement: err %v, want %v", err, boom)
+	}
 }

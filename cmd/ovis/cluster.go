@@ -24,6 +24,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/node"
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cmd/ovis/internal/img"
 	"github.com/ovis-storage/ovis/image"
@@ -205,6 +206,7 @@ func newNodeCmd() *cobra.Command {
 	f.StringVar(&reserve, "reserve", "256M", "space kept free on --dir's file system: writes and recovery that would use it are refused with ENOSPC")
 	f.BoolVar(&cfg.NBDNoFUA, "nbd-no-fua", false, "diagnostic: serve VDIs without advertising FUA, so that a client with its write cache off sends write + flush (emulated writethrough; for bench/guest-dd.sh)")
 	f.DurationVar(&cfg.LeaseTTL, "lease", 5*time.Second, "the membership lease: a node that cannot renew it this long stops serving")
+	f.DurationVar(&cfg.IOTimeout, "io-timeout", 30*time.Second, "how long a request waits for the cluster (a node, a new epoch, the return of an unfound object's holder) before it fails with EIO")
 	f.StringVar(&metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics")
 	f.StringVar(&logLevel, "log-level", "info", "logs on stderr: debug, info, warn, error or none")
 	tf.add(cmd)
@@ -377,7 +379,12 @@ func newClusterCmd() *cobra.Command {
 						fmt.Fprintf(w, "cluster %s: copies %d, object size %s, formatted %s\n", info.Format.ClusterID, info.Format.Copies,
 							img.FormatSize(1<<info.Format.ObjectShift), info.Format.Created.Format(time.RFC3339))
 					}
-					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n\nEPOCH\tCREATED\tNODES\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					if info.Unfound > 0 {
+						fmt.Fprintf(w, "UNFOUND: %d objects: their newest copy may be on %s, which are away; nobody serves them until one returns (ovis cluster check names them)\n",
+							info.Unfound, strings.Join(info.UnfoundOn, " "))
+					}
+					fmt.Fprintf(w, "\nEPOCH\tCREATED\tNODES\n")
 					for _, v := range info.History {
 						ids := make([]string, len(v.Nodes))
 						for i, n := range v.Nodes {
@@ -428,6 +435,13 @@ func newClusterCmd() *cobra.Command {
 					if err != nil {
 						return nil, err
 					}
+					// Repair leaves unfound objects as they are: only a
+					// holder's return settles them.
+					for _, b := range r.Bad {
+						if b.Kind == "unfound" {
+							again.Bad = append(again.Bad, b)
+						}
+					}
 					return again, report(again, actions)
 				})
 			},
@@ -436,6 +450,7 @@ func newClusterCmd() *cobra.Command {
 		c.Flags().BoolVar(&repair, "repair", false, "fix missing, diverging and extra copies, then check again")
 		cmd.AddCommand(c)
 	}
+	cmd.AddCommand(newClusterMarkLostCmd())
 	return cmd
 }
 
@@ -771,6 +786,13 @@ func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckRepor
 		return err
 	}
 	r.VDIs = vdis
+	// Objects whose every holder is away are in no listing: the nodes
+	// placed for them say so.
+	var nodes []node.NodeStatus
+	if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
+		return err
+	}
+	r.Bad = append(r.Bad, node.Unfound(nodes, vdis)...)
 	if r, err = then(r, v, pool); err != nil {
 		return err
 	}
@@ -778,4 +800,59 @@ func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckRepor
 		return &img.ExitError{Code: 1}
 	}
 	return nil
+}
+
+// newClusterMarkLostCmd gives unfound objects up: Ceph's
+// mark_unfound_lost revert.
+func newClusterMarkLostCmd() *cobra.Command {
+	var (
+		af  adminFlags
+		all bool
+	)
+	cmd := &cobra.Command{
+		Use:   "mark-lost OBJECT | --all-unfound",
+		Short: "Give unfound objects up: serve the best copy the nodes that are up hold, or zeros",
+		Long: "An object is unfound when every node that may hold its newest copy is away: nobody serves it, and requests " +
+			"for it wait (then fail with EIO) until one of those nodes returns. mark-lost gives that newest copy up for good: " +
+			"the object is then decided from the copies the nodes that are up hold (the best of them, or zeros when none holds it), " +
+			"and a copy a returning node brings back is replaced. It prints every object it gives up, with the nodes that may " +
+			"have held it. Use it only for nodes that will not return (`ovis node remove` them too).",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ar := node.AdminRequest{Cmd: "lost.mark", All: all}
+			switch {
+			case len(args) == 1 && all:
+				return errors.New("mark-lost: name an object or give --all-unfound, not both")
+			case len(args) == 1:
+				id, err := object.Parse(args[0])
+				if err != nil {
+					return fmt.Errorf("mark-lost: %w", err)
+				}
+				ar.Object = uint64(id)
+			case !all:
+				return errors.New("mark-lost: name an object (as cluster check prints it), or give every unfound object up with --all-unfound")
+			}
+			var lost []node.UnfoundObject
+			if _, err := af.do(cmd, ar, nil, &lost); err != nil {
+				return err
+			}
+			return af.print(cmd.OutOrStdout(), lost, func(w io.Writer) {
+				if len(lost) == 0 {
+					fmt.Fprintln(w, "no unfound objects: nothing given up")
+					return
+				}
+				for _, u := range lost {
+					on := "unknown nodes"
+					if len(u.On) > 0 {
+						on = strings.Join(u.On, " ")
+					}
+					fmt.Fprintf(w, "gave up object %s of vdi %s as of epoch %d: its newest copy may have been on %s\n", u.Object, u.VDI, u.Epoch, on)
+				}
+				fmt.Fprintf(w, "%d objects given up: each now reads as the best copy the nodes that are up hold, or as zeros\n", len(lost))
+			})
+		},
+	}
+	af.add(cmd)
+	cmd.Flags().BoolVar(&all, "all-unfound", false, "give up every object some node reports unfound")
+	return cmd
 }
