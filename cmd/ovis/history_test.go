@@ -41,7 +41,10 @@ import (
 // OVIS_HIST_OUT (a file for the report) change the run;
 // OVIS_HIST_SABOTAGE=stale|torn|junk damages one acknowledged block in
 // every copy before the final reads, and the run must then fail
-// (bench/history.sh).
+// (bench/history.sh). By default a VDI's two writers pick any hot block,
+// so two writes to one block are sometimes in flight at once (their
+// replicas must still agree); OVIS_HIST_DISJOINT=1 gives each writer
+// its own hot blocks, to look at recovery alone.
 
 const (
 	histNodes          = 4
@@ -66,6 +69,7 @@ type histConfig struct {
 	nemesis  bool
 	sabotage []string // kinds of damage done before the final reads
 	out      string   // report file; "" for none
+	disjoint bool     // each writer writes its own hot blocks
 }
 
 // histConfigFromEnv reads the OVIS_HIST_* variables over the defaults.
@@ -86,6 +90,7 @@ func histConfigFromEnv(t *testing.T) histConfig {
 		}
 		cfg.seed = n
 	}
+	cfg.disjoint = os.Getenv("OVIS_HIST_DISJOINT") == "1"
 	if s := os.Getenv("OVIS_HIST_SABOTAGE"); s != "" {
 		cfg.sabotage = strings.Split(s, ",")
 		for _, k := range cfg.sabotage {
@@ -149,9 +154,9 @@ type histRunInfo struct {
 // reads every block through every gateway and checks the history. It
 // logs the counts and writes the report to cfg.out.
 func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
-	t.Logf("history: seed %d, %v, nemesis %v, sabotage %v", cfg.seed, cfg.duration, cfg.nemesis, cfg.sabotage)
+	t.Logf("history: seed %d, %v, nemesis %v, sabotage %v, disjoint writers %v", cfg.seed, cfg.duration, cfg.nemesis, cfg.sabotage, cfg.disjoint)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 1))
-	c := &histCluster{t: t, etcd: etcd, base: t.TempDir(), rng: mrand.New(mrand.NewPCG(cfg.seed, 1)), events: map[string]int{}}
+	c := &histCluster{t: t, etcd: etcd, base: t.TempDir(), rng: mrand.New(mrand.NewPCG(cfg.seed, 1)), events: map[string]int{}, disjoint: cfg.disjoint}
 	c.start()
 	c.admin("cluster", "format", "--copies", strconv.Itoa(histCopies))
 	for k := range histVDIs {
@@ -180,7 +185,7 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 				if w == 0 {
 					seed = &seeded
 				}
-				c.writer(ctx, rec, &values, k, 100*k+w, cfg.seed+uint64(100*k+w), seed)
+				c.writer(ctx, rec, &values, k, w, cfg.seed+uint64(100*k+w), seed)
 			})
 		}
 		for g := range histNodes {
@@ -231,7 +236,7 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 		len(finalBad), finalBad, example, len(coldBad), histVDIs*histObjects, coldBad, rep.Summary(20))
 	t.Logf("history:\n%s", summary)
 	if cfg.out != "" {
-		full := summary + "\nevents:\n" + strings.Join(c.log, "\n") + "\n\nall violations:\n"
+		full := summary + "\nevents:\n" + strings.Join(c.log, "\n") + "\n\n" + histAround(rec.Ops(), rep, 10) + "\nall violations:\n"
 		for _, v := range rep.Violations {
 			full += v.String() + "\n"
 		}
@@ -267,7 +272,10 @@ type histCluster struct {
 	start0 time.Time   // the history's clock starts here
 	vdiIDs []uint32
 	events map[string]int
-	log    []string // nemesis events, for the report
+	// disjoint gives writer w the hot blocks of the objects o with
+	// o % histWritersPerVDI == w.
+	disjoint bool
+	log      []string // nemesis events, for the report
 
 	mu    sync.Mutex
 	nodes []*histNode
@@ -513,8 +521,9 @@ func histOutcome(err error) histcheck.Outcome {
 // are followed by a flush; the write is acknowledged when the FUA write
 // or the flush is. It moves to another gateway when its own is down, read
 // only, or refuses histWriteFailsMove writes in a row.
-func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, values *atomic.Uint64, k, client int, rngSeed uint64, seed *sync.WaitGroup) {
+func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, values *atomic.Uint64, k, w int, rngSeed uint64, seed *sync.WaitGroup) {
 	rng := mrand.New(mrand.NewPCG(rngSeed, 2))
+	client := 100*k + w
 	cold := 0 // the next cold block to seed
 	if seed == nil {
 		cold = histObjects
@@ -535,6 +544,9 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 			}
 		}
 		b := 2 * rng.IntN(histObjects)
+		if c.disjoint {
+			b = 2 * (histWritersPerVDI*rng.IntN(histObjects/histWritersPerVDI) + w)
+		}
 		if cold < histObjects {
 			b = 2*cold + 1
 			if cold++; cold == histObjects {
@@ -777,4 +789,39 @@ func histWrittenSince(ops []histcheck.Op, reg int, last histcheck.Op) bool {
 		}
 	}
 	return false
+}
+
+// histAround lists, for the first violation of each of the first max
+// blocks with one, every operation on that block from 3 s before the
+// offending read to 1 s after it: what a reader of the report needs to
+// see what happened.
+func histAround(ops []histcheck.Op, rep *histcheck.Report, max int) string {
+	var b strings.Builder
+	seen := map[int]bool{}
+	for _, v := range rep.Violations {
+		if seen[v.Register] {
+			continue
+		}
+		if len(seen) == max {
+			break
+		}
+		seen[v.Register] = true
+		from, to := v.Read.Start-3*time.Second, v.Read.End+time.Second
+		fmt.Fprintf(&b, "block %d from %.3fs to %.3fs (%s):\n", v.Register, from.Seconds(), to.Seconds(), v.Kind)
+		var near []histcheck.Op
+		for _, op := range ops {
+			end := op.End
+			if op.Outcome != histcheck.OK {
+				end = histcheck.Never
+			}
+			if op.Register == v.Register && op.Start <= to && end >= from {
+				near = append(near, op)
+			}
+		}
+		slices.SortStableFunc(near, func(a, b histcheck.Op) int { return int(a.Start - b.Start) })
+		for _, op := range near {
+			fmt.Fprintf(&b, "  %s\n", op)
+		}
+	}
+	return b.String()
 }

@@ -157,7 +157,7 @@ func (r *Report) Summary(max int) string {
 			continue
 		}
 		if len(shown) == max {
-			b.WriteString("... (first of each kind per block only)\n")
+			b.WriteString("... (only the first violation of each kind per block is shown)\n")
 			break
 		}
 		shown[k] = true
@@ -197,6 +197,13 @@ func Check(ops []Op) (*Report, error) {
 	for _, r := range regs {
 		checkRegister(r, byReg[r], rep)
 	}
+	sort.SliceStable(rep.Violations, func(i, j int) bool {
+		a, b := rep.Violations[i], rep.Violations[j]
+		if a.Register != b.Register {
+			return a.Register < b.Register
+		}
+		return a.Read.Start < b.Read.Start
+	})
 	return rep, nil
 }
 
@@ -214,7 +221,7 @@ func validate(op Op, values map[uint64]Op) error {
 		}
 		values[op.Value] = op
 	case Read:
-		if op.Outcome == OK && op.Data == nil {
+		if op.Outcome == OK && op.Data == nil && op.Content.Kind == 0 {
 			return fmt.Errorf("%w: an OK read without data: %v", ErrHistory, op)
 		}
 	default:
@@ -305,7 +312,10 @@ func checkRegister(reg int, ops []Op, rep *Report) {
 		switch {
 		case op.Kind == Write:
 		case op.Outcome == OK:
-			c := Decode(reg, op.Data)
+			c := op.Content
+			if c.Kind == 0 {
+				c = Decode(reg, op.Data)
+			}
 			op.Value = c.Value
 			if c.Kind == Zeros {
 				rep.Counts.ReadsZeros++
@@ -341,13 +351,6 @@ func checkRegister(reg int, ops []Op, rep *Report) {
 		}
 		cl.add(op)
 	}
-	sort.SliceStable(rep.Violations, func(i, j int) bool {
-		a, b := rep.Violations[i], rep.Violations[j]
-		if a.Register != b.Register {
-			return a.Register < b.Register
-		}
-		return a.Read.Start < b.Read.Start
-	})
 }
 
 // judge applies rule 3 to read r of cl's value against the values known.

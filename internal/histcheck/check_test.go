@@ -258,3 +258,29 @@ func TestRecorder(t *testing.T) {
 		t.Errorf("counts %+v", rep.Counts)
 	}
 }
+
+// The Recorder keeps a read's bytes only when they are not one whole
+// value or zeros, and Check gives the same verdicts either way.
+func TestRecorderDropsWholeData(t *testing.T) {
+	torn := Encode(0, 1)
+	clear(torn[:512])
+	ops := []Op{
+		write(0, 1, 0, 10),
+		read(0, 1, 0, 11, 12),
+		read(0, 0, 1, 20, 21), // lost
+		{Kind: Read, Register: 0, Data: torn, Start: ms(30), End: ms(31), Outcome: OK},
+	}
+	var r Recorder
+	for _, op := range ops {
+		r.Add(op)
+	}
+	rec := r.Ops()
+	if rec[1].Data != nil || rec[2].Data != nil || rec[3].Data == nil {
+		t.Errorf("data kept: %v %v %v", rec[1].Data != nil, rec[2].Data != nil, rec[3].Data != nil)
+	}
+	if rec[1].Content.Kind != Whole || rec[1].Content.Value != 1 || rec[2].Content.Kind != Zeros || rec[3].Content.Kind != Torn {
+		t.Errorf("contents %+v %+v %+v", rec[1].Content, rec[2].Content, rec[3].Content)
+	}
+	wantViolations(t, mustCheck(t, rec), []ViolationKind{LostWrite, TornRead}, []int{20, 30})
+	wantViolations(t, mustCheck(t, ops), []ViolationKind{LostWrite, TornRead}, []int{20, 30})
+}

@@ -68,6 +68,11 @@ type Op struct {
 	// Data is what a successful read returned (one block); nil otherwise.
 	// The history owns it once recorded.
 	Data []byte
+	// Content is what Data holds, when already decoded (the Recorder
+	// decodes every read and keeps Data only when it is not one whole
+	// value or zeros, to bound a long run's memory). Check decodes Data
+	// when Content.Kind is 0.
+	Content Content
 	// Client and Gateway name who did it and through which node; reports
 	// show them, and reads through the same gateway make a stale read,
 	// through different ones an inverted read.
@@ -102,7 +107,18 @@ func (op Op) String() string {
 	if op.Outcome == OK {
 		end = fmtTime(op.End)
 	}
-	s := fmt.Sprintf("%s of %s by client %d through gateway %d [%s, %s] %s", op.Kind, fmtValue(op.Value), op.Client, op.Gateway, fmtTime(op.Start), end, op.Outcome)
+	what := fmtValue(op.Value)
+	switch {
+	case op.Kind == Read && op.Outcome != OK:
+		what = "block " + fmt.Sprint(op.Register)
+	case op.Kind == Read && op.Content.Kind == Torn:
+		what = fmt.Sprintf("a torn block %v", op.Content.Sectors)
+	case op.Kind == Read && (op.Content.Kind == Foreign || op.Content.Kind == Garbage):
+		what = fmt.Sprintf("%s bytes", op.Content.Kind)
+	case op.Kind == Read && op.Content.Kind != 0:
+		what = fmtValue(op.Content.Value)
+	}
+	s := fmt.Sprintf("%s of %s by client %d through gateway %d [%s, %s] %s", op.Kind, what, op.Client, op.Gateway, fmtTime(op.Start), end, op.Outcome)
 	if op.Mode != "" {
 		s += " (" + op.Mode + ")"
 	}
@@ -139,8 +155,16 @@ type Recorder struct {
 	}
 }
 
-// Add records op. The recorder owns op.Data from now on.
+// Add records op. The recorder owns op.Data from now on; for a read it
+// decodes Data into Content and drops Data unless it is torn, foreign or
+// garbage.
 func (r *Recorder) Add(op Op) {
+	if op.Kind == Read && op.Outcome == OK && op.Data != nil && op.Content.Kind == 0 {
+		op.Content = Decode(op.Register, op.Data)
+		if op.Content.Kind == Whole || op.Content.Kind == Zeros {
+			op.Data = nil
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.mu.ops = append(r.mu.ops, op)
