@@ -279,6 +279,14 @@ func (d *driver) event(ctx context.Context) {
 		}
 		cs = append(cs, choice{"restart", w})
 	}
+	if down == 0 && up >= d.cfg.copies+1 {
+		// Every holder of some objects at once (copies nodes), back
+		// one at a time slower than the lease (issue 26).
+		cs = append(cs, choice{"holders", 2})
+	}
+	if down == 0 {
+		cs = append(cs, choice{"blackout", 1})
+	}
 	if down == 0 && free {
 		cs = append(cs, choice{"join", 1})
 	}
@@ -321,6 +329,38 @@ func (d *driver) event(ctx context.Context) {
 	case "restart":
 		m := downs[d.rng.IntN(len(downs))]
 		d.restart(ctx, m)
+	case "holders", "blackout":
+		n := d.cfg.copies
+		if kind == "blackout" {
+			n = len(ups)
+		}
+		victims := make([]*member, n)
+		for i, j := range d.rng.Perm(len(ups))[:n] {
+			victims[i] = ups[j]
+		}
+		names := ""
+		for _, m := range victims {
+			names += " " + d.describe(m)
+		}
+		d.rep.event(kind, "%d nodes SIGKILLed at once (every holder of some objects), back one at a time 6-10 s apart (lease 5 s):%s", n, names)
+		for _, m := range victims {
+			d.c.mu.Lock()
+			m.state = "killed"
+			m.disturbed++
+			d.c.mu.Unlock()
+			if err := d.c.signal(m, syscall.SIGKILL); err != nil {
+				d.rep.check("node-stops", false, "%v", err)
+			}
+		}
+		for _, m := range victims {
+			gap := 6*time.Second + time.Duration(d.rng.Int64N(int64(4*time.Second)+1))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(gap):
+			}
+			d.restart(ctx, m)
+		}
 	case "partition":
 		m := ups[d.rng.IntN(len(ups))]
 		cut := 5*time.Second + time.Duration(d.rng.Int64N(int64(15*time.Second)+1))

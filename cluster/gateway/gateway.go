@@ -30,6 +30,14 @@
 //     mutating request, and Open sends it to every node of the epoch
 //     first: a node refuses tokens lower than the highest it has seen
 //     for the VDI, so an owner that lost its lock cannot change a byte.
+//     Open waits for the nodes' answers at most Config.FenceWait: a node
+//     that does not answer (stopped, cut off) is sent the token in the
+//     background until it answers or leaves the epoch, and the new
+//     owner's requests do not wait for it. That is as safe as waiting:
+//     a write raises the token on the node it reaches before it changes
+//     anything (store invariant 5), so no write of the old owner lands
+//     after one of the new owner's on any node; and a node that leaves
+//     the epoch raises every token to its lock's before it serves again.
 //  6. A read goes to one replica, the local one when there is one, and
 //     falls back to the others in placement order on error. An object no
 //     replica holds (StatusNoEnt from one, with no data from any) reads
@@ -39,9 +47,15 @@
 //     with a new epoch, so a gateway still on the old one is refused
 //     and places the request again, and never skips a replica that
 //     recovery made for the new copies.
+//  8. A writable device refused for a stale token (a higher one exists:
+//     its lock was broken and taken by another owner) while it is not
+//     suspended for a relock is revoked at once: every later write fails
+//     at once with ErrRevoked (EPERM over NBD), never reaching a node,
+//     reads go on, and Config.Revoked is told once. The token never
+//     becomes good again, so writes under it can never succeed.
 //
-// Locking: mu guards dirty and closed only; it is never held across a
-// call to a node.
+// Locking: mu guards dirty, closed, lost and gate only; it is never
+// held across a call to a node, nor while calling Config's hooks.
 package gateway
 
 import (
@@ -119,6 +133,19 @@ type Config struct {
 	// to settle (new epochs, nodes catching up) before it fails. Zero
 	// means 30 s.
 	RetryTimeout time.Duration
+
+	// FenceWait bounds how long Open waits for the nodes of the epoch to
+	// take a writable device's token. A node that has not answered by
+	// then (suspended, cut off) goes on being sent it in the background
+	// until it answers, leaves the epoch or the device closes; requests
+	// do not wait for it (invariant 5). Zero means 500 ms.
+	FenceWait time.Duration
+
+	// Revoked, when not nil, is called once, with the device and the
+	// refusal, when a writable device learns that its token is stale
+	// (invariant 8): the VDI's lock went to another owner. It is called
+	// with no lock held and must not block.
+	Revoked func(d *Device, why error)
 }
 
 // Device is one VDI. It is safe for concurrent use; several NBD
@@ -135,13 +162,32 @@ type Device struct {
 	// gives after the node took the lock again.
 	token atomic.Uint64
 
+	// bg is the background fencing's context (Open's stragglers),
+	// ended by Close; fences tracks those goroutines.
+	bg     context.Context
+	stopBG context.CancelFunc
+	fences sync.WaitGroup
+
 	mu     sync.Mutex
 	dirty  map[string]struct{} // node IDs with unflushed writes of this VDI
 	closed bool
-	lost   error // why the device may not write any more (Lose)
+	// lost is why the device may not write any more: it wraps
+	// ErrLeaseLost (Lose, Abandon) or ErrRevoked (Revoke, a stale
+	// token). Set once; it never goes back to nil.
+	lost error
 	// gate is closed while requests may start, and open while the
 	// device is suspended (Suspend): its node is taking its lock again.
 	gate chan struct{}
+	// writing holds, per object, the ranges of the writes under way, so
+	// that overlapping writes go out one after the other (order).
+	writing map[object.ID][]*span
+}
+
+// span is a write under way on one object: [off, end), and done, closed
+// when it has ended on every replica (or failed).
+type span struct {
+	off, end int64
+	done     chan struct{}
 }
 
 var (
@@ -158,11 +204,20 @@ var (
 	// ErrLeaseLost is returned for writes once the lease that the VDI's
 	// lock is held under may have expired: another owner may have it.
 	ErrLeaseLost = errors.New("the lease holding the VDI's lock may have expired; not writing")
+
+	// ErrRevoked is returned for writes once the device's lock went to
+	// another owner (it was broken, then taken with a higher token): the
+	// device is read-only from then on. It wraps block.ErrReadOnly, so
+	// that NBD clients get EPERM, as for any read-only export.
+	ErrRevoked = fmt.Errorf("the VDI's lock was taken by another owner (stale fencing token); read-only now: %w", block.ErrReadOnly)
 )
 
 // Open returns the Device of a VDI. A writable one (Token ≠ 0) first
 // sends its token to every node of the current epoch, so that the
-// VDI's previous owner is fenced before this one writes.
+// VDI's previous owner is fenced before this one writes; it waits at
+// most FenceWait for the answers (invariant 5). A refusal it sees in
+// that time fails Open: with a stale token, the error wraps ErrRevoked
+// and the protocol's refusal. Release with Close.
 func Open(ctx context.Context, cfg Config) (*Device, error) {
 	switch {
 	case cfg.VDI == 0:
@@ -179,17 +234,124 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = 30 * time.Second
 	}
+	if cfg.FenceWait == 0 {
+		cfg.FenceWait = 500 * time.Millisecond
+	}
 	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, gate: make(chan struct{})}
+	d.bg, d.stopBG = context.WithCancel(context.Background())
 	close(d.gate)
 	d.size.Store(cfg.Size)
 	d.token.Store(cfg.Token)
 	if cfg.Token != 0 {
-		if err := d.fence(ctx, cfg.Token); err != nil {
+		if err := d.fenceOpen(ctx, cfg.Token); err != nil {
+			d.Close()
 			return nil, err
 		}
 	}
 	return d, nil
 }
+
+// fenceOpen sends token to every node of the current epoch, each in a
+// goroutine of its own that goes on in the background (until the node
+// answers, leaves the epoch, or Close), and waits for the answers at
+// most FenceWait or until ctx ends. It returns the first final refusal
+// seen meanwhile.
+func (d *Device) fenceOpen(ctx context.Context, token uint64) error {
+	nodes := d.cfg.Views.View().Map.Nodes()
+	results := make(chan error, len(nodes)) // never blocks a sender
+	for _, n := range nodes {
+		d.fences.Add(1)
+		go func() {
+			defer d.fences.Done()
+			results <- d.fenceNode(d.bg, n.ID, token)
+		}()
+	}
+	timer := time.NewTimer(d.cfg.FenceWait)
+	defer timer.Stop()
+	for range nodes {
+		select {
+		case err := <-results:
+			if err != nil {
+				return err
+			}
+		case <-timer.C:
+			return nil // the others go on in the background
+		case <-ctx.Done():
+			return fmt.Errorf("gateway: vdi %s: fencing token %d: %w", d.cfg.Name, token, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// fenceNode sends token to node id until it takes it, or refuses it for
+// good, or leaves the epoch (it raises every token to its lock's before
+// it serves again), or ctx ends. Each try is abandoned when its view is
+// superseded. A stale-token refusal revokes the device (invariant 8).
+func (d *Device) fenceNode(ctx context.Context, id string, token uint64) error {
+	v := d.cfg.Views.View()
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		addr, ok := v.Addr[id]
+		if !ok {
+			return nil
+		}
+		req := protocol.Request{Op: protocol.OpFence, Epoch: v.Epoch, Token: token, Object: object.Make(d.cfg.VDI, 0)}
+		var resp protocol.Response
+		actx, stop := v.attempt(ctx)
+		err := d.cfg.Net.Call(actx, addr, &req, &resp)
+		stop()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return nil // closed: nothing will write with token any more
+		case protocol.StatusOf(err) == protocol.StatusStaleToken:
+			return d.staleToken(ctx, token, fmt.Errorf("gateway: vdi %s: fence of token %d on node %s: %w", d.cfg.Name, token, id, err))
+		case !retryable(err):
+			return fmt.Errorf("gateway: vdi %s: fence of token %d on node %s: %w", d.cfg.Name, token, id, err)
+		}
+		d.refused(id, err)
+		wctx, cancel := context.WithTimeout(ctx, backoff)
+		nv, werr := d.cfg.Views.Await(wctx, v.Epoch)
+		cancel()
+		if werr == nil {
+			v = nv
+		}
+	}
+}
+
+// staleToken handles a refusal (refusal) of token for being stale: once
+// a suspension the device is under ends (the node may be taking its lock
+// again), it returns errRetry if the device moved to a new token
+// meanwhile (Retoken). Otherwise the lock went to another owner: the
+// device is revoked, if it was not lost already, and the error returned
+// wraps why writes fail now and the refusal.
+func (d *Device) staleToken(ctx context.Context, token uint64, refusal error) error {
+	if err := d.await(ctx); err != nil {
+		return err
+	}
+	if d.token.Load() != token {
+		return errRetry
+	}
+	why := fmt.Errorf("%w: %w", ErrRevoked, refusal)
+	d.mu.Lock()
+	first := d.lost == nil
+	if first {
+		d.lost = why
+	}
+	lost := d.lost
+	d.mu.Unlock()
+	if first && d.cfg.Revoked != nil {
+		d.cfg.Revoked(d, refusal)
+	}
+	if lost != why {
+		return fmt.Errorf("gateway: vdi %s: %w (%w)", d.cfg.Name, lost, refusal)
+	}
+	return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, why)
+}
+
+// errRetry says that a request refused for a token the device no longer
+// carries may go again, with the new one.
+var errRetry = errors.New("gateway: token changed; again")
 
 // fence sends token to every node of the epoch. Every node must take
 // it: a node that missed it would still take the old owner's writes.
@@ -247,13 +409,31 @@ func (d *Device) Retoken(ctx context.Context, new uint64) error {
 // Lose makes the device refuse every later write with an error that
 // wraps ErrLeaseLost and says why: its node lost the lease its lock was
 // held under, and could not take the lock again safely. Reads go on.
-func (d *Device) Lose(why error) { d.lose(why, false) }
+func (d *Device) Lose(why error) { d.lose(fmt.Errorf("%w: %w", ErrLeaseLost, why), false) }
+
+// Revoke makes the device refuse every later write at once with an
+// error that wraps ErrRevoked (EPERM) and says why: its node learned
+// that the VDI's lock was taken from it (broken while its lease held).
+// Reads go on; held requests go on, their writes failing. A device lost
+// already keeps its first reason. Config.Revoked is not called: the
+// caller knows.
+func (d *Device) Revoke(why error) { d.lose(fmt.Errorf("%w: %w", ErrRevoked, why), false) }
 
 // Abandon ends a suspension that will not be resolved (the node is
 // closing before it took the lock again): the held requests go on and
 // their writes fail as after Lose. A device not suspended is left as it
 // is.
-func (d *Device) Abandon(why error) { d.lose(why, true) }
+func (d *Device) Abandon(why error) {
+	d.lose(fmt.Errorf("%w: %w", ErrLeaseLost, why), true)
+}
+
+// Lost reports why the device refuses writes (an error wrapping
+// ErrLeaseLost or ErrRevoked), or nil while it may write.
+func (d *Device) Lost() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lost
+}
 
 // lose records why and lets the held requests go; with onlySuspended,
 // only when the device is suspended.
@@ -319,16 +499,21 @@ func (d *Device) SetSize(size int64) error {
 // ReadOnly reports whether the device was opened without a token.
 func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
 
-// Close marks the device closed. It does not flush: the NBD server and
-// every other user flush before they close, and a VDI's replicas keep
-// what they were sent either way.
+// Close marks the device closed, and ends and waits for the background
+// fencing of nodes that did not answer Open. It does not flush: the NBD
+// server and every other user flush before they close, and a VDI's
+// replicas keep what they were sent either way. A second Close returns
+// block.ErrClosed.
 func (d *Device) Close() error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return block.ErrClosed
 	}
 	d.closed = true
+	d.mu.Unlock()
+	d.stopBG()
+	d.fences.Wait()
 	return nil
 }
 
@@ -345,7 +530,7 @@ func (d *Device) check(ctx context.Context, off, n int64, write bool) error {
 	case write && d.cfg.Token == 0:
 		return block.ErrReadOnly
 	case write && lost != nil:
-		return fmt.Errorf("gateway: vdi %s: %w: %w", d.cfg.Name, ErrLeaseLost, lost)
+		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, lost)
 	case write && d.cfg.Live != nil && d.cfg.AwaitLive == nil && !d.cfg.Live(time.Now()):
 		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, ErrLeaseLost)
 	}
@@ -456,13 +641,13 @@ func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *Vie
 		if errors.Is(err, &protocol.Error{Status: protocol.StatusStaleToken}) {
 			// Refused for the token the lock had before this node lost
 			// its lease: once the lock is taken again (Retoken), the
-			// request goes again with the new one.
-			if werr := d.await(ctx); werr != nil {
-				return werr
-			}
-			if d.token.Load() != tok {
+			// request goes again with the new one. Otherwise the lock
+			// went to another owner: the device is revoked.
+			serr := d.staleToken(ctx, tok, err)
+			if serr == errRetry {
 				continue
 			}
+			return serr
 		}
 		if !retryable(err) {
 			return err
@@ -568,7 +753,56 @@ func (d *Device) markDirty(id string) {
 	d.mu.Unlock()
 }
 
-// write sends one mutating request per piece to every replica.
+// order waits until no write overlapping [off, off+n) of obj is under
+// way, then registers this one; release ends it. Overlapping writes in
+// flight at once would otherwise reach the replicas in different orders
+// (each replica applies what arrives first) and leave them different,
+// though each was acknowledged. Writes that do not overlap never wait
+// for each other. Two waiting for the same write may go in either order:
+// the client sent them at once, and every replica sees the one order.
+func (d *Device) order(ctx context.Context, obj object.ID, off, n int64) (release func(), err error) {
+	for {
+		d.mu.Lock()
+		var busy chan struct{}
+		for _, s := range d.writing[obj] {
+			if s.off < off+n && off < s.end {
+				busy = s.done
+				break
+			}
+		}
+		if busy == nil {
+			s := &span{off: off, end: off + n, done: make(chan struct{})}
+			if d.writing == nil {
+				d.writing = map[object.ID][]*span{}
+			}
+			d.writing[obj] = append(d.writing[obj], s)
+			d.mu.Unlock()
+			return func() {
+				d.mu.Lock()
+				l := d.writing[obj]
+				if i := slices.Index(l, s); i >= 0 {
+					l = slices.Delete(l, i, i+1)
+				}
+				if len(l) == 0 {
+					delete(d.writing, obj)
+				} else {
+					d.writing[obj] = l
+				}
+				d.mu.Unlock()
+				close(s.done)
+			}, nil
+		}
+		d.mu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("gateway: vdi %s: waiting for an overlapping write of object %s: %w", d.cfg.Name, obj, ctx.Err())
+		}
+	}
+}
+
+// write sends one mutating request per piece to every replica, after
+// the overlapping writes under way (order).
 func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill func(req *protocol.Request, pc piece)) error {
 	if err := d.check(ctx, off, n, true); err != nil {
 		return err
@@ -579,6 +813,11 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 		done = d.markDirty
 	}
 	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
+		release, err := d.order(ctx, pc.obj, pc.off, pc.n)
+		if err != nil {
+			return err
+		}
+		defer release()
 		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
 				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)

@@ -417,8 +417,13 @@ func TestFencing(t *testing.T) {
 	if protocol.StatusOf(err) != protocol.StatusStaleToken {
 		t.Fatalf("write by a fenced owner: %v, want StatusStaleToken", err)
 	}
-	if err := old.WriteZeroes(ctx, 0, 8<<20, 0); protocol.StatusOf(err) != protocol.StatusStaleToken {
-		t.Fatalf("zero write by a fenced owner: %v, want StatusStaleToken", err)
+	// The refusal revoked the device: later writes fail at once, read-only.
+	c.net.reset()
+	if err := old.WriteZeroes(ctx, 0, 8<<20, 0); !errors.Is(err, gateway.ErrRevoked) || !errors.Is(err, block.ErrReadOnly) {
+		t.Fatalf("zero write by a fenced owner: %v, want ErrRevoked", err)
+	}
+	if n := c.net.get("write-zeroes") + c.net.get("write"); n != 0 {
+		t.Fatalf("%d requests of a revoked owner reached a node", n)
 	}
 	if got := readAll(t, nw); !bytes.Equal(got, want) {
 		t.Fatal("the fenced owner changed data")

@@ -14,13 +14,18 @@ import (
 // Lock is a VDI's writer lock. Token is the lock key's create revision:
 // etcd's revisions only grow, so each new lock of any VDI gets a larger
 // token than every lock before it, and storage nodes refuse writes with
-// a token below the highest they have seen for the VDI.
+// a token below the highest they have seen for the VDI. Lease is the
+// etcd lease the lock is held under (its holder's registration).
+//
+// Its JSON form (the admin commands' `ovis vdi lock list|break
+// --output=json`) carries both; the stored record (lockRecord) carries
+// neither, since etcd gives them.
 type Lock struct {
 	VDI    object.VDI `json:"vdi"`
 	Name   string     `json:"name"`
 	Holder string     `json:"holder"`
-	Token  uint64     `json:"-"`
-	Lease  int64      `json:"-"`
+	Token  uint64     `json:"token"`
+	Lease  int64      `json:"lease"`
 }
 
 // lockRecord is the stored value of a lock key.
@@ -255,4 +260,25 @@ func (c *Client) LockLost(ctx context.Context, l Lock) <-chan struct{} {
 		cancel()
 	}
 	return lost
+}
+
+// Broken reports whether l is no longer the VDI's lock while the lease
+// it was held under still lives: the lock was broken (BreakLock) or
+// released, not lost with its holder's registration. It is false while
+// l is still the lock, and false when l's lease is gone too (expired or
+// revoked): the holder's node then fences itself, and Relock is its way
+// back. A holder told true must stop writing under l's token.
+func (c *Client) Broken(ctx context.Context, l Lock) (bool, error) {
+	resp, err := c.cli.Get(ctx, c.k.lock(l.VDI))
+	if err != nil {
+		return false, fmt.Errorf("membership: lock of vdi %q: %w", l.Name, err)
+	}
+	if len(resp.Kvs) > 0 && uint64(resp.Kvs[0].CreateRevision) == l.Token {
+		return false, nil
+	}
+	ttl, err := c.cli.TimeToLive(ctx, clientv3.LeaseID(l.Lease))
+	if err != nil {
+		return false, fmt.Errorf("membership: lease %x of vdi %q's lock: %w", l.Lease, l.Name, err)
+	}
+	return ttl.TTL > 0, nil
 }

@@ -309,6 +309,9 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		return msg, nil, err
 	case "recovery.unfound":
 		return n.rec.unfoundObjects(), nil, nil
+	case "recovery.kick":
+		n.rec.kick()
+		return "kicked", nil, nil
 	case "lost.mark":
 		l, err := n.markLost(ctx, ar)
 		return l, nil, err
@@ -335,8 +338,8 @@ type UnfoundObject struct {
 // markLost gives up unfound objects (`ovis cluster mark-lost`): the one
 // ar.Object names, or with ar.All every object some node of the epoch
 // reports unfound. It marks them lost up to the current epoch
-// (membership.MarkLost) and returns them; each node's next run (within
-// unfoundRetry) decides them from the copies that answer.
+// (membership.MarkLost), kicks every node's recovery, and returns them;
+// each node's next run decides them from the copies that answer.
 func (n *Node) markLost(ctx context.Context, ar AdminRequest) ([]UnfoundObject, error) {
 	v, err := n.mc.View(ctx)
 	if err != nil {
@@ -348,7 +351,18 @@ func (n *Node) markLost(ctx context.Context, ar AdminRequest) ([]UnfoundObject, 
 	} else if !ar.All {
 		return nil, errors.New("mark-lost: name an object, or give them all up (--all-unfound)")
 	} else {
+		// Objects given up already in this epoch are still unfound on
+		// the nodes until their next run: not given up twice.
+		lost, err := n.mc.Lost(ctx)
+		if err != nil {
+			return nil, err
+		}
 		seen := map[string]bool{}
+		for id, e := range lost {
+			if e >= v.Epoch {
+				seen[id.String()] = true
+			}
+		}
 		for _, ni := range v.Nodes {
 			var some []UnfoundObject
 			if ni.ID == n.id {
@@ -385,6 +399,16 @@ func (n *Node) markLost(ctx context.Context, ar AdminRequest) ([]UnfoundObject, 
 	}
 	for _, u := range objs {
 		n.log.Warn("an operator gave an unfound object up (mark-lost)", "object", u.Object, "vdi", u.VDI, "may_be_on", u.On, "epoch", v.Epoch)
+	}
+	// Every node runs again now rather than at its next retry.
+	for _, ni := range v.Nodes {
+		if ni.ID == n.id {
+			n.rec.kick()
+			continue
+		}
+		if _, err := callAdmin(ctx, n.pool, ni.Addr, AdminRequest{Cmd: "recovery.kick"}, nil, nil, nil); err != nil {
+			n.log.Warn("mark-lost: node did not take the kick; it runs again at its next retry", "node", ni.ID, "err", err)
+		}
 	}
 	return objs, nil
 }

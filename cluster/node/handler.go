@@ -55,6 +55,14 @@ type Handler struct {
 	// holds by its own clock; a node whose lease may have expired serves
 	// nothing but HELLO and admin requests.
 	Live func(now time.Time) bool
+	// Resync, when not nil, is called right before a mutating request
+	// reaches the store. It returns at once unless this process may have
+	// been paused since it last knew the VDIs' locks, and then raises
+	// the store's tokens to the locks' first (pauseGuard), so that a
+	// write of an owner whose lock was taken meanwhile is refused even
+	// when the new owner's fence is still waiting in a socket. An error
+	// refuses the request with StatusShutdown, which gateways retry.
+	Resync func(ctx context.Context) error
 
 	// changing counts the mutating requests being served, by epoch, so
 	// that recovery of an epoch sees none of an older one land after it
@@ -201,6 +209,12 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 	if onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Ready != nil {
 		if err := h.Ready(ctx, req.Object, req.Epoch); err != nil {
 			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is being recovered here: %v", req.Object, err))
+			return
+		}
+	}
+	if mutating(req.Op) && h.Resync != nil {
+		if err := h.Resync(ctx); err != nil {
+			fail(resp, protocol.StatusShutdown, err.Error())
 			return
 		}
 	}

@@ -22,6 +22,13 @@
 //  3. A VDI is opened once per node, and every NBD connection to it
 //     shares that device (CAN_MULTI_CONN). It is writable only while this
 //     node holds the VDI's lock, whose revision is the device's token.
+//     Once the node learns the lock went to another owner (a stale-token
+//     refusal, the lock broken in etcd while the lease lives, or a failed
+//     relock) the device refuses writes for good and the next connection
+//     opens the VDI afresh (vdis.go).
+//  4. After a pause of the process longer than pauseGap, the store's
+//     tokens are raised from the locks in etcd before it takes another
+//     write (pause.go).
 //
 // Lock order: Node.mu, then Node.regMu, then vdis.mu; none is held
 // across a call to etcd, another node or the disk.
@@ -276,8 +283,15 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
+	guard := newPauseGuard(pauseGap, n.fenceFromLocks)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		guard.run(wctx)
+	}()
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.live,
-		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor}
+		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor,
+		Resync: guard.check}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
@@ -309,8 +323,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	return n, nil
 }
 
+// pauseGap is the shortest pause of the process that pauseGuard sees:
+// after one, the store's tokens are raised from the locks in etcd
+// before the next write.
+const pauseGap = 200 * time.Millisecond
+
 // fenceFromLocks raises the store's token of every locked VDI to its
-// lock's, before the node serves anything. A node that was away when a
+// lock's, before the node serves anything, and again after a pause
+// (pauseGuard). A node that was away when a
 // new owner took a VDI over never got that owner's fence; without this
 // it would take the old owner's writes, which every other replica
 // refuses.

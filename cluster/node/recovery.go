@@ -82,6 +82,8 @@ type recoverer struct {
 
 	clean uint64 // the last epoch whose moved copies were all dropped
 
+	kicked chan struct{} // closed by kick, and replaced
+
 	rk *ranker // the ranker of the newest epoch decided in (rankerFor)
 }
 
@@ -110,7 +112,7 @@ type RecoveryStats struct {
 
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
 	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, unfound: map[object.ID][]string{}, early: map[object.ID]bool{},
-		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{})}
+		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{}), kicked: make(chan struct{})}
 	r.done.Store(done)
 	return r
 }
@@ -199,6 +201,12 @@ func (r *recoverer) throttle(ctx context.Context, n int64) error {
 
 // loop runs recovery for every new epoch until ctx ends.
 func (r *recoverer) loop(ctx context.Context) {
+	// A run that finds objects unfound runs again after unfoundWait,
+	// which doubles (to maxUnfoundRetry) while the epoch stays: each run
+	// lists every node. A holder's return makes a new epoch, and a
+	// mark-lost kicks the run, at once.
+	var unfoundEpoch uint64
+	unfoundWait := unfoundRetry
 	for ctx.Err() == nil {
 		v := r.n.views.View()
 		if v.Epoch > r.done.Load() {
@@ -217,9 +225,23 @@ func (r *recoverer) loop(ctx context.Context) {
 				// makes a new epoch; look again now and then all the same.
 				wait := 500 * time.Millisecond
 				if errors.Is(err, errRunUnfound) {
-					wait = unfoundRetry
+					if unfoundEpoch != v.Epoch {
+						unfoundEpoch, unfoundWait = v.Epoch, unfoundRetry
+					}
+					wait, unfoundWait = unfoundWait, min(2*unfoundWait, maxUnfoundRetry)
 				}
+				r.mu.Lock()
+				kicked := r.kicked
+				r.mu.Unlock()
 				wctx, cancel := context.WithTimeout(ctx, wait)
+				// Ends with wctx, at the latest when the wait does.
+				go func() {
+					select {
+					case <-kicked:
+						cancel()
+					case <-wctx.Done():
+					}
+				}()
 				_, _ = r.n.views.Await(wctx, v.Epoch)
 				cancel()
 				if ctx.Err() != nil {
@@ -324,7 +346,19 @@ func (r *recoverer) unfoundObjects() []UnfoundObject {
 // in the same epoch (a holder's return makes a new epoch at once).
 var errRunUnfound = errors.New("recovery: the run is incomplete: objects are unfound")
 
-const unfoundRetry = 5 * time.Second
+const (
+	unfoundRetry    = 5 * time.Second
+	maxUnfoundRetry = time.Minute
+)
+
+// kick makes a run that waits (after finding objects unfound) run again
+// now: objects were given up (mark-lost).
+func (r *recoverer) kick() {
+	r.mu.Lock()
+	close(r.kicked)
+	r.kicked = make(chan struct{})
+	r.mu.Unlock()
+}
 
 // unfoundError refuses a request on an object whose newest copy may be on
 // nodes that are away.
@@ -349,6 +383,9 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 	vdis, err := r.n.mc.ListVDIs(ctx)
 	if err != nil {
 		return fmt.Errorf("listing the VDIs: %w", err)
+	}
+	if walk, err := r.someoneAway(ctx, v, vdis); err != nil || !walk {
+		return err
 	}
 	nodes := viewIDs(v)
 	for _, vd := range vdis {
@@ -387,6 +424,52 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 		}
 	}
 	return nil
+}
+
+// someoneAway reports whether an object of vdis may have every replica
+// of some epoch away now (out of v): whether, in some epoch since the
+// oldest VDI's creation, as many of its nodes are out of v as the fewest
+// replicas any VDI had then. When not, every object has an answering
+// replica in every epoch, nothing can be unfound, and unheld need not
+// walk the objects: the common case, a node or two down at a time.
+func (r *recoverer) someoneAway(ctx context.Context, v *gateway.View, vdis []membership.VDI) (bool, error) {
+	from := v.Epoch + 1
+	for _, vd := range vdis {
+		from = min(from, vd.Epoch)
+	}
+	for e := max(from, 1); e <= v.Epoch; e++ {
+		ve, err := r.a.view(ctx, e)
+		if errors.Is(err, membership.ErrNoEpoch) {
+			return true, nil // not known: look
+		}
+		if err != nil {
+			return false, err
+		}
+		away := 0
+		for id := range ve.Addr {
+			if v.Addr[id] == "" {
+				away++
+			}
+		}
+		if away == 0 {
+			continue
+		}
+		need := ve.Map.Zones()
+		for _, vd := range vdis {
+			if vd.Epoch > e {
+				continue
+			}
+			copies, known := vd.CopiesAt(e)
+			if !known {
+				copies = 1
+			}
+			need = min(need, copies)
+		}
+		if away >= need {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // gather lists, from every node of v and from the local store, the

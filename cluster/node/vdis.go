@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/export"
@@ -15,11 +16,29 @@ import (
 // vdis is the node's gateway: the VDIs it has open, found by name when a
 // client asks. It is the NBD server's Exports, and the admin commands'
 // way to a VDI's bytes.
+//
+// A VDI open writable here whose lock goes to another owner is dropped
+// (drop): its device refuses writes from then on (gateway.Device.Revoke
+// or Lose), and it leaves open, so that the next client gets the VDI
+// afresh, read-only while another node holds it. The node learns it
+// three ways: a storage node refuses the device's token as stale
+// (gateway.Config.Revoked), etcd shows the lock broken while the lease
+// it was held under lives (watchLock), or a rejoin after a lost lease
+// finds it taken (relock). Connections that had the device keep it:
+// their reads go on, their writes fail at once with EPERM (never
+// acknowledged); NBD cannot tell a client that an export became
+// read-only, so a client must reconnect to see the read-only export.
 type vdis struct {
 	n *Node
 
-	mu   sync.Mutex
-	open map[string]*openVDI // by name; writable ones replace read-only ones
+	mu     sync.Mutex
+	open   map[string]*openVDI // by name; writable ones replace read-only ones
+	closed bool                // closeAll ran: nothing opens any more
+	// retired are the devices of VDIs dropped while open writable,
+	// still used by the connections that had them; closeAll closes them
+	// (which ends the fencing Open left running in their background).
+	// A read-only device replaced by a writable one has nothing to end.
+	retired []*gateway.Device
 }
 
 // openVDI is one VDI opened on this node.
@@ -30,6 +49,8 @@ type openVDI struct {
 	holder string           // who holds the lock when read-only
 	exp    nbd.Export
 	rev    int64 // etcd revision of the record dev's size comes from; vdis.mu
+	// unwatch ends the watch of lock (watchLock); nil when none. vdis.mu.
+	unwatch context.CancelFunc
 }
 
 func newVDIs(n *Node) *vdis { return &vdis{n: n, open: map[string]*openVDI{}} }
@@ -95,7 +116,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	}
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, CopiesAt: copiesAt(v), ObjectShift: v.ObjectShift,
 		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict,
-		Live: r.n.live, AwaitLive: r.n.awaitLive, RetryTimeout: r.n.cfg.IOTimeout}
+		Live: r.n.live, AwaitLive: r.n.awaitLive, Revoked: r.revoked, RetryTimeout: r.n.cfg.IOTimeout}
 	if lk != nil {
 		cfg.Token = lk.Token
 	}
@@ -112,18 +133,32 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		o.exp.Description = "read-only: locked by " + holder
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if cur := r.open[name]; cur != nil && cur.lock != nil {
-		// Another handshake opened it writable first; keep that one.
+	if cur := r.open[name]; r.closed || cur != nil && cur.lock != nil {
+		// Another handshake opened it writable first; keep that one. Or
+		// the node is closing: open nothing that closeAll would miss.
+		closed := r.closed
+		r.mu.Unlock()
 		dev.Close()
 		if lk != nil {
 			r.n.mc.Unlock(context.WithoutCancel(ctx), *lk)
+		}
+		if closed {
+			return nil, fmt.Errorf("node: vdi %q: %w", name, block.ErrClosed)
 		}
 		return cur, nil
 	}
 	r.open[name] = o
 	if lk != nil {
 		r.n.m.Locks.Inc()
+	}
+	r.mu.Unlock()
+	if lk != nil {
+		r.watch(o, *lk)
+		if why := dev.Lost(); why != nil {
+			// Refused as stale by a node that answered Open late, before
+			// o was in open for the hook to find.
+			r.drop(o, why, true)
+		}
 	}
 	return o, nil
 }
@@ -180,12 +215,24 @@ func (r *vdis) List(ctx context.Context) ([]*nbd.Export, error) {
 	return out, nil
 }
 
-// closeAll flushes and closes every open VDI and releases its lock.
+// closeAll flushes and closes every open VDI and releases its lock, and
+// closes the devices of VDIs dropped before.
 func (r *vdis) closeAll(ctx context.Context) error {
 	r.mu.Lock()
-	open := r.open
-	r.open = map[string]*openVDI{}
+	open, retired := r.open, r.retired
+	r.open, r.retired, r.closed = map[string]*openVDI{}, nil, true
+	for _, o := range open {
+		if o.unwatch != nil {
+			// Before the Unlock below, which the watch must not take
+			// for a broken lock.
+			o.unwatch()
+			o.unwatch = nil
+		}
+	}
 	r.mu.Unlock()
+	for _, d := range retired {
+		d.Close()
+	}
 	var errs []error
 	for name, o := range open {
 		if o.lock != nil {
@@ -247,23 +294,16 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 	r.mu.Unlock()
 	for _, o := range held {
 		r.mu.Lock()
-		old := *o.lock
+		old, still := *o.lock, r.open[o.vdi.Name] == o
 		r.mu.Unlock()
-		lose := func(why error) {
-			o.dev.Lose(why)
-			r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", why)
-			r.mu.Lock()
-			if r.open[o.vdi.Name] == o {
-				delete(r.open, o.vdi.Name)
-				r.n.m.Locks.Dec()
-			}
-			r.mu.Unlock()
+		if !still {
+			continue // dropped meanwhile (its token was refused as stale)
 		}
 		l, err := r.n.mc.Relock(ctx, reg, o.vdi.Name, old)
 		var le *membership.LockedError
 		switch {
 		case errors.As(err, &le), errors.Is(err, membership.ErrNoVDI), errors.Is(err, membership.ErrTakenOver):
-			lose(fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err))
+			r.drop(o, fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err), false)
 			continue
 		case err != nil:
 			return fmt.Errorf("node: vdi %q: taking its lock again: %w", o.vdi.Name, err)
@@ -271,12 +311,115 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 		// Ours now, under reg: should the fencing fail, the next try's
 		// Relock gives this lock back and fences again.
 		r.mu.Lock()
-		o.lock = &l
+		still = r.open[o.vdi.Name] == o
+		if still {
+			o.lock = &l
+		}
 		r.mu.Unlock()
+		if !still {
+			// Dropped while Relock ran: nothing here writes under l.
+			if err := r.n.mc.Unlock(ctx, l); err != nil {
+				r.n.log.Warn("vdi dropped while its lock was taken again; releasing the lock failed", "vdi", o.vdi.Name, "err", err)
+			}
+			continue
+		}
 		if err := o.dev.Retoken(ctx, l.Token); err != nil {
 			return err
 		}
+		r.watch(o, l)
 		r.n.log.Info("vdi lock taken again after the lease was lost", "vdi", o.vdi.Name, "token", l.Token)
 	}
 	return nil
+}
+
+// drop takes o, whose lock went to another owner, out of the VDIs open
+// here: its device refuses writes from then on (Revoke when revoke,
+// else Lose), the watch of its lock ends, and the next client opens the
+// VDI afresh (read-only while another node holds it). Connections that
+// have the device keep it: reads go on, writes fail at once. Dropping
+// a dropped VDI again only logs nothing.
+func (r *vdis) drop(o *openVDI, why error, revoke bool) {
+	if revoke {
+		o.dev.Revoke(why)
+	} else {
+		o.dev.Lose(why)
+	}
+	r.mu.Lock()
+	mine := r.open[o.vdi.Name] == o
+	if mine {
+		delete(r.open, o.vdi.Name)
+		r.retired = append(r.retired, o.dev)
+		r.n.m.Locks.Dec()
+	}
+	if o.unwatch != nil {
+		o.unwatch()
+		o.unwatch = nil
+	}
+	r.mu.Unlock()
+	if !mine {
+		return
+	}
+	if revoke {
+		r.n.log.Error("vdi lock taken by another owner: serving it read-only from now on; its clients' writes fail", "vdi", o.vdi.Name, "err", why)
+	} else {
+		r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", why)
+	}
+}
+
+// revoked is gateway.Config.Revoked: a storage node refused dev's token
+// as stale, so another owner has the VDI's lock. It does not block.
+func (r *vdis) revoked(dev *gateway.Device, why error) {
+	r.mu.Lock()
+	var o *openVDI
+	for _, x := range r.open {
+		if x.dev == dev {
+			o = x
+			break
+		}
+	}
+	r.mu.Unlock()
+	if o != nil {
+		r.drop(o, why, true)
+	}
+}
+
+// watch starts watching l, o's lock, in etcd (watchLock), ending the
+// watch of an earlier lock of o. Nothing is started when o was dropped
+// or holds another lock meanwhile.
+func (r *vdis) watch(o *openVDI, l membership.Lock) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	if r.open[o.vdi.Name] != o || o.lock == nil || o.lock.Token != l.Token {
+		r.mu.Unlock()
+		cancel()
+		return
+	}
+	if o.unwatch != nil {
+		o.unwatch()
+	}
+	o.unwatch = cancel
+	r.mu.Unlock()
+	r.n.spawn(func() { r.watchLock(ctx, o, l) })
+}
+
+// watchLock waits until l is no longer the VDI's lock, or ctx ends.
+// A lock broken while the lease it was held under lives (ovis vdi lock
+// break; membership.Client.Broken) drops o at once, before any of its
+// writes is refused. A lock gone with the lease is left to the rejoin
+// (relock), which takes it again when nobody else did.
+func (r *vdis) watchLock(ctx context.Context, o *openVDI, l membership.Lock) {
+	select {
+	case <-r.n.mc.LockLost(ctx, l):
+	case <-ctx.Done():
+		return
+	}
+	broken := false
+	if !untilDone(ctx, "reading why a vdi's lock went", r.n.log, func(ctx context.Context) error {
+		b, err := r.n.mc.Broken(ctx, l)
+		broken = b
+		return err
+	}) || !broken {
+		return
+	}
+	r.drop(o, fmt.Errorf("node: vdi %q: its lock (token %d) was broken while this node held it: %w", o.vdi.Name, l.Token, membership.ErrNotLocked), true)
 }

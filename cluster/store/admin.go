@@ -380,7 +380,9 @@ func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 	buf := make([]byte, 1<<20)
 	var zeros int64 // zeros seen but not yet fed: they may be trailing
 	for off := int64(HeaderSize); ; {
+		o.data.RLock()
 		n, err := unix.Pread(a.fd.fd, buf, off)
+		o.data.RUnlock()
 		if err != nil {
 			return 0, 0, fmt.Errorf("store: object %s: checksum: read at %d: %w", id, off-HeaderSize, err)
 		}

@@ -70,6 +70,9 @@
 //     (ErrNotFound), and shows in Stat and List with Tombstone set and its
 //     version. It goes only by Forget (its version at most the one
 //     given), Drop, RemoveVDI, or a write that recreates the object.
+//  8. A read sees each mutation of the range it reads whole or not at
+//     all: a mutation's I/O on the file and a read's pread exclude each
+//     other (obj.data), so a 4 KiB-aligned write is atomic to readers.
 //
 // Token rule: every mutating call carries the writer's token in its
 // Stamp. Token 0 is accepted only while the VDI never saw another; a

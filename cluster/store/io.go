@@ -66,6 +66,8 @@ func (s *Store) read(id object.ID, p []byte, off int64, mode beginMode) (version
 		return version, err
 	}
 	defer s.end(a)
+	o.data.RLock()
+	defer o.data.RUnlock()
 	for done := 0; done < len(p); {
 		n, err := unix.Pread(a.fd.fd, p[done:], HeaderSize+off+int64(done))
 		if err != nil {
@@ -113,7 +115,10 @@ func (s *Store) mutate(id object.ID, st Stamp, off, n int64, sync, allocates boo
 		return 0, err
 	}
 	defer s.end(a)
-	if err := op(a.fd.fd); err != nil {
+	o.data.Lock()
+	err = op(a.fd.fd)
+	o.data.Unlock()
+	if err != nil {
 		return 0, s.failed(o, fmt.Errorf("store: object %s: at %d+%d: %w", id, off, n, noSpace(err)))
 	}
 	if !sync {

@@ -44,6 +44,14 @@ type obj struct {
 	hdrBusy   bool   // one caller writes the header
 	hdrDone   uint64 // version in the header (page cache)
 	hdrTomb   bool   // the header (page cache) says removed
+
+	// data orders the copy's data I/O: a mutation's I/O on the file
+	// holds it, a read's pread shares it, so that a read sees each write
+	// whole or not at all (a pread racing a pwrite of the same page can
+	// return part of each). It is held only across that I/O (page-cache
+	// copies, or a fallocate), never with mu or another store lock, and
+	// never across an fdatasync.
+	data sync.RWMutex
 }
 
 // load reads the object's header the first time. Called with o.mu held;

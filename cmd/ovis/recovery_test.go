@@ -41,28 +41,41 @@ func fioVerify(url string, offset, size string, verifyOnly bool) []string {
 // fails the test on an error or a bad block.
 func startFio(t *testing.T, dir string, args ...string) (wait func()) {
 	t.Helper()
-	cmd := exec.Command("fio", args...)
+	waitCmd := startCmd(t, dir, 3*time.Minute, "fio", args...)
+	return func() {
+		t.Helper()
+		o, err := waitCmd()
+		if err != nil || strings.Contains(o, "verify: bad") || strings.Contains(o, "err=") && !strings.Contains(o, "err= 0") {
+			t.Fatalf("fio %s: %v\n%s", strings.Join(args, " "), err, o)
+		}
+	}
+}
+
+// startCmd starts name with args in dir in the background; wait returns
+// what it printed (stdout and stderr) and how it ended, and fails the
+// test, killing it, when it has not ended within limit.
+func startCmd(t *testing.T, dir string, limit time.Duration, name string, args ...string) (wait func() (string, error)) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("fio: %v", err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	return func() {
+	return func() (string, error) {
 		t.Helper()
-		var err error
 		select {
-		case err = <-done:
-		case <-time.After(3 * time.Minute):
+		case err := <-done:
+			return out.String(), err
+		case <-time.After(limit):
 			cmd.Process.Kill()
-			t.Fatalf("fio did not end in 3 minutes:\n%s", out.String())
-		}
-		o := out.String()
-		if err != nil || strings.Contains(o, "verify: bad") || strings.Contains(o, "err=") && !strings.Contains(o, "err= 0") {
-			t.Fatalf("fio %s: %v\n%s", strings.Join(args, " "), err, o)
+			<-done
+			t.Fatalf("%s did not end in %v:\n%s", name, limit, out.String())
+			return "", nil
 		}
 	}
 }
