@@ -230,9 +230,9 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 			break
 		}
 	}
-	summary := fmt.Sprintf("seed %d, workload %v, %d nodes, copies %d, %d VDIs of %d blocks (%d cold, written once)\nnemesis: %s\nsabotage: %v\n"+
+	summary := fmt.Sprintf("seed %d, workload %v, %d nodes, copies %d, %d VDIs of %d blocks (%d cold, written once)\nnemesis: %s\nsabotage: %v\nerrors: %s\n"+
 		"blocks wrong in the final reads (lost for good): %d %v\n  the first: %s\ncold blocks with a violation: %d of %d %v\n%s",
-		cfg.seed, cfg.duration, histNodes, histCopies, histVDIs, histBlocksPerVDI, histObjects, c.eventCounts(), info.sabotaged,
+		cfg.seed, cfg.duration, histNodes, histCopies, histVDIs, histBlocksPerVDI, histObjects, c.eventCounts(), info.sabotaged, histErrors(rec.Ops()),
 		len(finalBad), finalBad, example, len(coldBad), histVDIs*histObjects, coldBad, rep.Summary(20))
 	t.Logf("history:\n%s", summary)
 	if cfg.out != "" {
@@ -824,4 +824,36 @@ func histAround(ops []histcheck.Op, rep *histcheck.Report, max int) string {
 		}
 	}
 	return b.String()
+}
+
+// histErrors counts the failed operations by kind and class of error: an
+// NBD error reply (by errno), a timeout, or a broken connection.
+func histErrors(ops []histcheck.Op) string {
+	counts := map[string]int{}
+	for _, op := range ops {
+		if op.Outcome == histcheck.OK {
+			continue
+		}
+		class := "connection"
+		switch {
+		case op.Outcome == histcheck.TimedOut:
+			class = "timeout"
+		case strings.Contains(op.Err, "NBD error"):
+			class = op.Err[strings.Index(op.Err, "NBD error"):]
+		}
+		counts[op.Kind.String()+" "+class]++
+	}
+	var keys []string
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, counts[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
