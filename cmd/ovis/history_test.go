@@ -127,6 +127,9 @@ func TestClusterHistory(t *testing.T) {
 // No nemesis; 20 s of load.
 func TestClusterHistorySabotage(t *testing.T) {
 	cfg := histConfig{duration: 20 * time.Second, seed: uint64(time.Now().UnixNano()), sabotage: []string{"stale", "torn", "junk"}}
+	if out := os.Getenv("OVIS_HIST_OUT"); out != "" {
+		cfg.out = out + ".sabotage"
+	}
 	rep, run := histRun(t, cfg)
 	want := map[string]histcheck.ViolationKind{"stale": histcheck.LostWrite, "torn": histcheck.TornRead, "junk": histcheck.NeverWritten}
 	for kind, reg := range run.sabotaged {
@@ -155,6 +158,25 @@ type histRunInfo struct {
 // logs the counts and writes the report to cfg.out.
 func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 	t.Logf("history: seed %d, %v, nemesis %v, sabotage %v, disjoint writers %v", cfg.seed, cfg.duration, cfg.nemesis, cfg.sabotage, cfg.disjoint)
+	c := histSetup(t, cfg)
+	rec := &histcheck.Recorder{}
+	c.workload(cfg, rec)
+	info := histRunInfo{events: c.events, sabotaged: map[string]int{}}
+	for i, kind := range cfg.sabotage {
+		info.sabotaged[kind] = c.sabotage(rec.Ops(), kind, i)
+	}
+	c.finalReads(rec)
+	rep, err := histcheck.Check(rec.Ops())
+	if err != nil {
+		t.Fatalf("history: %v", err)
+	}
+	c.report(cfg, rec.Ops(), rep, info)
+	return rep, info
+}
+
+// histSetup starts Debian's etcd and the nodes, formats the cluster and
+// creates the VDIs.
+func histSetup(t *testing.T, cfg histConfig) *histCluster {
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 1))
 	c := &histCluster{t: t, etcd: etcd, base: t.TempDir(), rng: mrand.New(mrand.NewPCG(cfg.seed, 1)), events: map[string]int{}, disjoint: cfg.disjoint}
 	c.start()
@@ -169,12 +191,17 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 		}
 		c.vdiIDs = append(c.vdiIDs, v.ID)
 	}
+	return c
+}
 
-	rec := &histcheck.Recorder{}
+// workload runs the writers and readers into rec while the nemesis (or
+// nothing) goes on for cfg.duration, then heals the cluster and stops
+// the clients.
+func (c *histCluster) workload(cfg histConfig, rec *histcheck.Recorder) {
 	c.start0 = time.Now()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() }) // before the nodes are killed
+	c.t.Cleanup(func() { cancel(); wg.Wait() }) // before the nodes are killed
 	var values atomic.Uint64
 	var seeded sync.WaitGroup
 	for k := range histVDIs {
@@ -192,7 +219,15 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 			wg.Go(func() { c.reader(ctx, rec, k, 100*k+10+g, g, cfg.seed+uint64(100*k+10+g)) })
 		}
 	}
-	seeded.Wait()
+	done := make(chan struct{})
+	go func() { seeded.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		cancel()
+		<-done // the writers call Done when they end
+		c.t.Fatal("the cold blocks were not written in a minute")
+	}
 	c.note("seeded", "every cold block written once")
 	if cfg.nemesis {
 		c.nemesis(cfg.duration)
@@ -202,19 +237,18 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 	c.heal()
 	cancel()
 	wg.Wait()
-	info := histRunInfo{events: c.events, sabotaged: map[string]int{}}
-	for i, kind := range cfg.sabotage {
-		info.sabotaged[kind] = c.sabotage(rec.Ops(), kind, i)
-	}
-	c.finalReads(rec)
+}
 
-	rep, err := histcheck.Check(rec.Ops())
-	if err != nil {
-		t.Fatalf("history: %v", err)
-	}
+// report logs the counts and what was found, and writes the full report
+// to cfg.out.
+func (c *histCluster) report(cfg histConfig, ops []histcheck.Op, rep *histcheck.Report, info histRunInfo) {
 	var finalBad, coldBad []int
+	example := "none"
 	for _, v := range rep.Violations {
 		if v.Read.Client == histFinalClient && !slices.Contains(finalBad, v.Register) {
+			if len(finalBad) == 0 {
+				example = v.String()
+			}
 			finalBad = append(finalBad, v.Register)
 		}
 		if v.Register%2 == 1 && !slices.Contains(coldBad, v.Register) {
@@ -223,28 +257,33 @@ func histRun(t *testing.T, cfg histConfig) (*histcheck.Report, histRunInfo) {
 	}
 	slices.Sort(finalBad)
 	slices.Sort(coldBad)
-	example := "none"
-	for _, v := range rep.Violations {
-		if v.Read.Client == histFinalClient {
-			example = v.String()
-			break
-		}
-	}
-	summary := fmt.Sprintf("seed %d, workload %v, %d nodes, copies %d, %d VDIs of %d blocks (%d cold, written once)\nnemesis: %s\nsabotage: %v\nerrors: %s\n"+
+	summary := fmt.Sprintf("seed %d, workload %v, %d nodes, copies %d, %d VDIs of %d blocks (%d cold, written once), disjoint writers %v\n"+
+		"nemesis: %s\nsabotage: %v\nerrors: %s\n"+
 		"blocks wrong in the final reads (lost for good): %d %v\n  the first: %s\ncold blocks with a violation: %d of %d %v\n%s",
-		cfg.seed, cfg.duration, histNodes, histCopies, histVDIs, histBlocksPerVDI, histObjects, c.eventCounts(), info.sabotaged, histErrors(rec.Ops()),
+		cfg.seed, cfg.duration, histNodes, histCopies, histVDIs, histBlocksPerVDI, histObjects, cfg.disjoint,
+		c.eventCounts(), info.sabotaged, histErrors(ops),
 		len(finalBad), finalBad, example, len(coldBad), histVDIs*histObjects, coldBad, rep.Summary(20))
-	t.Logf("history:\n%s", summary)
-	if cfg.out != "" {
-		full := summary + "\nevents:\n" + strings.Join(c.log, "\n") + "\n\n" + histAround(rec.Ops(), rep, 10) + "\nall violations:\n"
-		for _, v := range rep.Violations {
-			full += v.String() + "\n"
-		}
-		if err := os.WriteFile(cfg.out, []byte(full), 0o644); err != nil {
-			t.Errorf("report: %v", err)
+	c.t.Logf("history:\n%s", summary)
+	if cfg.out == "" {
+		return
+	}
+	var full strings.Builder
+	full.WriteString(summary + "\nevents:\n" + strings.Join(c.log, "\n") + "\n\n" + histAround(ops, rep, 10))
+	full.WriteString("\nfailed and timed-out operations (the first 50):\n")
+	failed := 0
+	for _, op := range ops {
+		if op.Outcome != histcheck.OK && failed < 50 {
+			full.WriteString("  " + op.String() + "\n")
+			failed++
 		}
 	}
-	return rep, info
+	full.WriteString("\nall violations:\n")
+	for _, v := range rep.Violations {
+		full.WriteString(v.String() + "\n")
+	}
+	if err := os.WriteFile(cfg.out, []byte(full.String()), 0o644); err != nil {
+		c.t.Errorf("report: %v", err)
+	}
 }
 
 func histVDIName(k int) string { return fmt.Sprintf("hist%d", k) }
@@ -528,6 +567,11 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 	if seed == nil {
 		cold = histObjects
 	}
+	defer func() {
+		if cold < histObjects {
+			seed.Done() // ended before seeding all: the test gives up
+		}
+	}()
 	var conn *histConn
 	gw, fails := rng.IntN(histNodes), 0
 	defer func() {
