@@ -44,9 +44,9 @@ type histNBDError struct{ errno uint32 }
 
 func (e *histNBDError) Error() string { return fmt.Sprintf("NBD error %d", e.errno) }
 
-// withDeadline runs f with c's deadline set from ctx, and c broken if ctx
+// histWithDeadline runs f with c's deadline set from ctx, and c broken if ctx
 // ends during f.
-func withDeadline(ctx context.Context, c net.Conn, f func() error) error {
+func histWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
 	if d, ok := ctx.Deadline(); ok {
 		c.SetDeadline(d)
 	} else {
@@ -70,7 +70,7 @@ func histDial(ctx context.Context, addr, name string) (*histConn, error) {
 		return nil, fmt.Errorf("nbd dial %s: %w", addr, err)
 	}
 	h := &histConn{c: c, r: bufio.NewReader(c)}
-	if err := withDeadline(ctx, c, func() error { return h.handshake(name) }); err != nil {
+	if err := histWithDeadline(ctx, c, func() error { return h.handshake(name) }); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("nbd handshake with %s for %q: %w", addr, name, err)
 	}
@@ -131,7 +131,7 @@ func (h *histConn) readOnly() bool { return h.flags&histFlagReadOnly != 0 }
 // request sends one request and waits for its simple reply; a READ's data
 // goes to out.
 func (h *histConn) request(ctx context.Context, cmd, flags uint16, off uint64, data []byte, length uint32, out []byte) error {
-	return withDeadline(ctx, h.c, func() error {
+	return histWithDeadline(ctx, h.c, func() error {
 		h.handle++
 		var hd [28]byte
 		binary.BigEndian.PutUint32(hd[0:4], nbdRequestMagic)
