@@ -72,6 +72,8 @@ func TestClusterResize(t *testing.T) {
 	// A client stays connected to a through n1 and writes while the
 	// VDIs grow (through n3, which has neither open).
 	q := startQemuIO(t, url(n1, "a"))
+	// Connected before the resize: a slow start would see the new size.
+	q.do("length", "> 8 MiB")
 	var batch []string
 	for i := range 32 {
 		batch = append(batch, fmt.Sprintf("write -P 0x%02x %d 64k", 0x40+i, 1<<20+i*64<<10))
