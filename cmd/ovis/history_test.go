@@ -60,6 +60,7 @@ const (
 	histWritersPerVDI  = 2
 	histWriteFailsMove = 3  // consecutive write errors after which a writer tries another gateway
 	histFinalClient    = -1 // the client of the final reads
+	histEPERM          = 1  // NBD's EPERM: a write to a read-only export
 )
 
 // histConfig is one run's settings.
@@ -559,7 +560,8 @@ func histOutcome(err error) histcheck.Outcome {
 // writes are FUA, half
 // are followed by a flush; the write is acknowledged when the FUA write
 // or the flush is. It moves to another gateway when its own is down, read
-// only, or refuses histWriteFailsMove writes in a row.
+// only, refuses a write with EPERM, or refuses histWriteFailsMove writes
+// in a row.
 func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, values *atomic.Uint64, k, w int, rngSeed uint64, seed *sync.WaitGroup) {
 	rng := mrand.New(mrand.NewPCG(rngSeed, 2))
 	client := 100*k + w
@@ -624,7 +626,9 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 		case err == nil:
 			fails = 0
 		case errors.As(err, &nbdErr):
-			if fails++; fails >= histWriteFailsMove {
+			// EPERM: the gateway serves the VDI read-only now (its lock
+			// was broken or lost): move at once.
+			if fails++; fails >= histWriteFailsMove || nbdErr.errno == histEPERM {
 				conn.Close()
 				conn, fails, gw = nil, 0, (gw+1)%histNodes
 			}
