@@ -557,11 +557,10 @@ func histOutcome(err error) histcheck.Outcome {
 // writer writes fresh values to random hot blocks of VDI k through a
 // gateway that serves it writable, until ctx ends; with seed set, it
 // first writes every cold block once, then calls seed.Done. Half the
-// writes are FUA, half
-// are followed by a flush; the write is acknowledged when the FUA write
-// or the flush is. It moves to another gateway when its own is down, read
-// only, refuses a write with EPERM, or refuses histWriteFailsMove writes
-// in a row.
+// writes are FUA, half are followed by a flush; the write is
+// acknowledged when the FUA write or the flush is. It moves to another
+// gateway when its own is down or read-only, refuses a write with EPERM,
+// or refuses histWriteFailsMove writes in a row.
 func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, values *atomic.Uint64, k, w int, rngSeed uint64, seed *sync.WaitGroup) {
 	rng := mrand.New(mrand.NewPCG(rngSeed, 2))
 	client := 100*k + w
