@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 )
 
@@ -44,8 +45,9 @@ type histNBDError struct{ errno uint32 }
 
 func (e *histNBDError) Error() string { return fmt.Sprintf("NBD error %d", e.errno) }
 
-// histWithDeadline runs f with c's deadline set from ctx, and c broken if ctx
-// ends during f.
+// histWithDeadline runs f with c's deadline set from ctx, and c broken if
+// ctx ends during f. An error that ctx's end caused wraps ctx's error
+// (context.DeadlineExceeded or Canceled).
 func histWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
 	if d, ok := ctx.Deadline(); ok {
 		c.SetDeadline(d)
@@ -55,8 +57,14 @@ func histWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	err := f()
 	stop()
-	if cerr := ctx.Err(); cerr != nil && err != nil {
-		return fmt.Errorf("%w (%w)", cerr, err)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The connection's deadline, which is ctx's, can pass before
+		// ctx's own timer fires.
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
 	}
 	return err
 }
