@@ -124,7 +124,8 @@ func TestClusterHistory(t *testing.T) {
 // the clients' back, one acknowledged block gets an older acknowledged
 // value in every copy (stale), another half of an older value (torn),
 // a third bytes no client wrote (junk). The final reads must find a lost
-// write, a torn read and a never-written value on exactly those blocks.
+// write, a torn read and a never-written value on those blocks (other
+// violations, if the cluster has any, are TestClusterHistory's business).
 // No nemesis; 20 s of load.
 func TestClusterHistorySabotage(t *testing.T) {
 	cfg := histConfig{duration: 20 * time.Second, seed: uint64(time.Now().UnixNano()), sabotage: []string{"stale", "torn", "junk"}}
