@@ -347,7 +347,7 @@ func TestReadsSeeWholeWrites(t *testing.T) {
 	wg.Go(func() {
 		defer close(stop)
 		p := make([]byte, 2*block)
-		for i := range 20000 {
+		for i := range 5000 {
 			for j := range p {
 				p[j] = byte(i)
 			}
