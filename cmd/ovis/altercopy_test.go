@@ -68,6 +68,7 @@ func vdiCopies(t *testing.T, n *clusterNode, name string) int {
 // writes, leaves exactly 1 copy of each object once the extra copies
 // are dropped. Values the cluster cannot hold are refused.
 func TestClusterAlterCopy(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1, n2 := nodes[0], nodes[1]
 	dumpOnFailure(t, nodes)
@@ -132,6 +133,7 @@ func TestClusterAlterCopy(t *testing.T) {
 // says to start it on an empty one; started so, it joins under a new ID
 // and recovery gives it its copies.
 func TestClusterNodeRemove(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
@@ -179,7 +181,7 @@ func TestClusterNodeRemove(t *testing.T) {
 	// Back on its old directory, with its old copies: refused.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, ovisBin, "node", "--dir", n3.dir, "--etcd", n1.etcd, "--listen", "127.0.0.1:0", "--log-level", "none")
+	cmd := exec.CommandContext(ctx, serverBin, "node", "--dir", n3.dir, "--etcd", n1.etcd, "--listen", "127.0.0.1:0", "--log-level", "none")
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "removed") || !strings.Contains(string(out), "empty data directory") || !strings.Contains(string(out), id3) {
 		t.Fatalf("removed node restarted on its directory: %v, want a refusal naming it and what to do:\n%s", err, out)

@@ -68,7 +68,7 @@ func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exe
 	}
 	args = append(args, extra...)
 	n := &clusterNode{dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	n.cmd = mk(ovisBin, args...)
+	n.cmd = mk(serverBin, args...)
 	n.cmd.Stderr = n.stderr
 	out, err := n.cmd.StdoutPipe()
 	if err != nil {
@@ -241,6 +241,7 @@ func runQemuIO(t *testing.T, dir string, args ...string) result {
 // one node and checks it through another against the same writes made to
 // a raw file.
 func TestClusterEndToEnd(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
@@ -466,6 +467,7 @@ func nodeMetric(t *testing.T, nodes []*clusterNode, name string) float64 {
 // flush, and plain writes plus a flush as plain requests and one flush per
 // replica.
 func TestClusterExternalEtcd(t *testing.T) {
+	serialCluster(t)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 3))
 	nodes := startCluster(t, 3, etcd)
 	n1, n2 := nodes[0], nodes[1]
@@ -538,6 +540,7 @@ func TestClusterExternalEtcd(t *testing.T) {
 // before it takes the write); recovery makes the missing copies, and
 // afterwards every object is on exactly two nodes, identical.
 func TestClusterNodeLeaveRecovers(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -602,6 +605,7 @@ func TestClusterNodeLeaveRecovers(t *testing.T) {
 // After SIGCONT the old gateway cannot change a byte, on any copy, and
 // it stops serving.
 func TestClusterSuspendedWriterIsFenced(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
@@ -694,6 +698,7 @@ func findObjectFile(t *testing.T, dir, vdi, index string) string {
 // TestClusterZones: four nodes in two zones, copies 2: every object has
 // one copy in each zone; copies 3 cannot be asked for.
 func TestClusterZones(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 4, "", "1", "1", "2", "2")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -733,6 +738,7 @@ func TestClusterZones(t *testing.T) {
 // TestClusterBadNames: an unknown VDI is refused by name, over NBD and by
 // every admin verb, and nothing changes.
 func TestClusterBadNames(t *testing.T) {
+	serialCluster(t)
 	nodes := startCluster(t, 1, "")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -807,6 +813,7 @@ func nodePKI(t *testing.T) []string {
 // reads back through the other; an admin command without the
 // certificate is refused, and one with it works.
 func TestClusterTLS(t *testing.T) {
+	serialCluster(t)
 	tlsArgs := nodePKI(t)
 	base := t.TempDir()
 	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", tlsArgs...)

@@ -754,6 +754,7 @@ func (d *diffTwins) step(t *rapid.T, i int) bool {
 // TestDifferentialVerbs is the differential test of ovis img's verbs
 // against qemu-img over random backing chains.
 func TestDifferentialVerbs(t *testing.T) {
+	t.Parallel()
 	checks := 8
 	if s := os.Getenv("OVIS_DIFF_CHECKS"); s != "" {
 		n, err := strconv.Atoi(s)

@@ -101,6 +101,7 @@ func TestImageLocksLikeQemuNBD(t *testing.T) {
 // image, ovis img refuses or allows what qemu-img refuses or allows, with
 // qemu-img's message and exit code; -U lets a reader in beside a writer.
 func TestImageLocksConflictLikeQemu(t *testing.T) {
+	t.Parallel()
 	probes := [][]string{
 		{"info", "top.qcow2"},
 		{"info", "-U", "top.qcow2"},

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,8 +12,17 @@ import (
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
-// ovisBin is the ovis binary TestMain builds once for every test.
-var ovisBin string
+// ovisBin is the ovis binary TestMain builds once for every test, and
+// serverBin the one the tests run as a long-lived server (`ovis node`,
+// `ovis up`, the NBD server of the nbd tests).
+//
+// Under -race only serverBin has the race detector: the servers are where
+// the concurrency is, and they start a few hundred times. The tests run
+// ovisBin tens of thousands of times, mostly as a short img verb next to
+// qemu-img, and the race runtime costs each run about 0.2 s of CPU (a
+// quarter of the package's time); the code those runs exercise is tested
+// in process under -race in its own packages (qcow2, convert, image, nbd).
+var ovisBin, serverBin string
 
 func TestMain(m *testing.M) {
 	if _, err := exec.LookPath("qemu-img"); err != nil {
@@ -24,22 +34,28 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	// Under -race the binary is built with the race detector too, so that
-	// the parallel copy of convert runs under it.
-	var flags []string
-	if raceEnabled {
-		flags = append(flags, "-race")
-		// The race runtime sleeps a second before every exit
-		// (atexit_sleep_ms) for late reports; the tests run the binary
-		// thousands of times. Races it finds still fail: exit code 66
-		// and a report on stderr.
-		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	}
-	ovisBin, err = testutil.BuildBinary("github.com/ovis-storage/ovis/cmd/ovis", dir, flags...)
-	if err != nil {
+	fail := func(err error) {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
 		os.Exit(1)
+	}
+	const pkg = "github.com/ovis-storage/ovis/cmd/ovis"
+	if ovisBin, err = testutil.BuildBinary(pkg, dir); err != nil {
+		fail(err)
+	}
+	serverBin = ovisBin
+	if raceEnabled {
+		// The race runtime sleeps a second before every exit
+		// (atexit_sleep_ms) for late reports. Races it finds still
+		// fail: exit code 66 and a report on stderr.
+		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+		race := filepath.Join(dir, "race")
+		if err := os.Mkdir(race, 0o755); err != nil {
+			fail(err)
+		}
+		if serverBin, err = testutil.BuildBinary(pkg, race, "-race"); err != nil {
+			fail(err)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -121,3 +137,40 @@ func sameResult(t *testing.T, what string, q, o result) {
 
 // raceEnabled is set by race_test.go when the tests run with -race.
 var raceEnabled bool
+
+// fullTables is set by OVIS_FULL=1 (bench/full-tables.sh): the larger
+// tables of cases then run every row, where the suite runs a sample.
+var fullTables = os.Getenv("OVIS_FULL") == "1"
+
+// sampled reports whether the row of a table at the indexes idx (one per
+// dimension, the last the smallest, of size k) runs. Unless fullTables,
+// it keeps the rows whose indexes sum to 0 mod k: a Latin square, so for
+// a table of three dimensions every pair of values of any two still runs
+// together when the other two dimensions have at least k values each,
+// and for two dimensions every value of either runs.
+func sampled(k int, idx ...int) bool {
+	if fullTables {
+		return true
+	}
+	sum := 0
+	for _, i := range idx {
+		sum += i
+	}
+	return sum%k == 0
+}
+
+// clusterSlot is held by the one cluster or guest test that runs at a
+// time.
+var clusterSlot = make(chan struct{}, 1)
+
+// serialCluster starts a test that runs a cluster of node processes or
+// boots a guest. Such tests mostly wait (for leases, restarts, timers),
+// where the img tests keep the CPU busy, so they run in parallel with
+// those; but one at a time, because they are written against one
+// cluster's timing on a 2-core machine.
+func serialCluster(t *testing.T) {
+	t.Helper()
+	t.Parallel()
+	clusterSlot <- struct{}{}
+	t.Cleanup(func() { <-clusterSlot })
+}

@@ -119,7 +119,7 @@ func startNBD(t *testing.T, r nbdRun) *nbdServer {
 	if r.export != "" {
 		args = append(args, "-x", r.export)
 	}
-	s.cmd = exec.Command(ovisBin, append(args, r.args...)...)
+	s.cmd = exec.Command(serverBin, append(args, r.args...)...)
 	s.cmd.Env = append(os.Environ(), r.env...)
 	s.cmd.Stderr = s.stderr
 	if err := s.cmd.Start(); err != nil {

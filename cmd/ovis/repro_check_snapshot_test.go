@@ -134,6 +134,7 @@ func TestReproCheckRefcountOverflow(t *testing.T) {
 // table entry past the largest offset (it panicked) and a refcount table
 // of 0 clusters (refused at open) as qemu-img does (case 8).
 func TestReproCheckRefcountTableHostile(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		off  int64
@@ -170,6 +171,7 @@ func TestReproCheckRefcountTableHostile(t *testing.T) {
 // leaked at worst: never COPIED errors (case 3) and never a file grown by
 // what a corrupt entry names (case 8, an L2 entry 1 TiB past the end).
 func TestReproSnapshotFailureLeavesImage(t *testing.T) {
+	t.Parallel()
 	create := func(bits int) func(p string) {
 		return func(p string) {
 			testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", fmt.Sprintf("refcount_bits=%d", bits), p, "64M")

@@ -106,6 +106,7 @@ func TestReproDirtyRepairOnWritableOpen(t *testing.T) {
 // block status do (only its zero clusters read as zeros), whichever tool
 // created it.
 func TestReproMapDataFileRawLikeQemu(t *testing.T) {
+	t.Parallel()
 	writes := []string{"write -q -P 1 64k 64k", "write -q -z 256k 64k", "write -q -P 2 512k 4k", "discard -q 768k 64k", "write -q -P 3 1000k 1k"}
 	for _, creator := range []string{"qemu-img", "ovis"} {
 		for _, opts := range []string{"", ",cluster_size=4096", ",extended_l2=on", ",preallocation=metadata", ",preallocation=falloc"} {
@@ -141,6 +142,7 @@ func TestReproMapDataFileRawLikeQemu(t *testing.T) {
 // found in data there, and everything with -n; the targets map alike, and
 // still read alike once the backing file grows data in that tail.
 func TestReproConvertBackingTailLikeQemu(t *testing.T) {
+	t.Parallel()
 	type tc struct {
 		name     string
 		backFmt  string // the target's backing file: raw or qcow2
@@ -279,6 +281,7 @@ var offsetRE = regexp.MustCompile(`, "offset": [0-9]+`)
 // runs inside data written as data; visible in outputs with small
 // (sub)clusters.
 func TestReproConvertZeroRunsLikeQemu(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	in := filepath.Join(src, "in.qcow2")
 	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", in, "1M")

@@ -54,6 +54,7 @@ func readFiles(t *testing.T, dir string) map[string][]byte {
 // within their chain) still go ahead, with the same guest data as
 // qemu-img leaves.
 func TestReproLocksInProcess(t *testing.T) {
+	t.Parallel()
 	cases := [][]string{
 		// The target is a layer of the source chain.
 		{"convert", "-q", "-f", "qcow2", "-O", "raw", "-n", "b1.qcow2", "b0.raw"},

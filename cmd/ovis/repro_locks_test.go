@@ -85,6 +85,7 @@ func (h *ioHolder) finish(t *testing.T, cmds ...string) string {
 // holder (a qcow2 created over a raw image in use), ovis reports the same
 // error without touching the file.
 func TestReproLocksHeldImage(t *testing.T) {
+	t.Parallel()
 	verbs := []struct {
 		target string // t.qcow2 or t.raw, the held image
 		args   []string

@@ -103,6 +103,7 @@ func addIncompatFeatures(t *testing.T, path string, mask uint64, names ...qcow2.
 // its first unnamed entry) and gives the rest as one hex mask, from every
 // verb and as a backing file.
 func TestReproUnsupportedFeatureNames(t *testing.T) {
+	t.Parallel()
 	named := func(bit uint8, name string) qcow2.FeatureName {
 		return qcow2.FeatureName{Kind: 0, Bit: bit, Name: name}
 	}
@@ -162,6 +163,7 @@ func TestReproUnsupportedFeatureNames(t *testing.T) {
 // and virt-v2v parse. A failure after qemu-img started its progress still
 // prints the first line and the newline.
 func TestReproConvertProgressLines(t *testing.T) {
+	t.Parallel()
 	setup := func(t *testing.T, dir string) {
 		p := func(name string) string { return filepath.Join(dir, name) }
 		// Whole clusters: ovis, unlike QEMU 7.2, reports the unwritten
@@ -222,6 +224,7 @@ func TestReproConvertProgressLines(t *testing.T) {
 // (which name the image as written), same files afterwards. Creating an
 // image under a json: name is refused, as QEMU has no json protocol.
 func TestReproPseudoFilenames(t *testing.T) {
+	t.Parallel()
 	const (
 		j    = `json:{"driver":"qcow2","file":{"driver":"file","filename":"x.qcow2"}}`
 		jraw = `json:{"driver":"raw","file":{"driver":"file","filename":"r.raw"}}`

@@ -39,7 +39,7 @@ type upRun struct {
 func startUpProcess(t *testing.T, dir string, timeout time.Duration, ready func(line string) bool, args ...string) *upRun {
 	t.Helper()
 	u := &upRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	u.cmd = exec.Command(ovisBin, args...)
+	u.cmd = exec.Command(serverBin, args...)
 	u.cmd.Dir = dir
 	out, err := u.cmd.StdoutPipe()
 	if err != nil {

@@ -27,7 +27,7 @@ func TestUp(t *testing.T) {
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "ovis-data", "disk0.qcow2")
 
-	cmd := exec.Command(ovisBin, "up", "--image", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(serverBin, "up", "--image", "--listen", "127.0.0.1:0")
 	cmd.Dir = dir
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -116,7 +116,7 @@ func TestUp(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "--listen") {
 		t.Errorf("ovis up --listen 127.0.0.1: exit %d, %q", r.code, r.stderr)
 	}
-	cmd = exec.Command(ovisBin, "up", "--image", "--listen", "127.0.0.1:0")
+	cmd = exec.Command(serverBin, "up", "--image", "--listen", "127.0.0.1:0")
 	cmd.Dir = dir
 	out = &syncBuffer{}
 	cmd.Stdout = out
