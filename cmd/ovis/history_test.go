@@ -584,7 +584,7 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 			seed.Done() // ended before seeding all: the test gives up
 		}
 	}()
-	var conn *histConn
+	var conn *nbdConn
 	gw, fails := rng.IntN(histNodes), 0
 	defer func() {
 		if conn != nil {
@@ -631,7 +631,7 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 			op.Outcome, op.Err = histOutcome(err), err.Error()
 		}
 		rec.Add(op)
-		var nbdErr *histNBDError
+		var nbdErr *nbdReplyError
 		switch {
 		case err == nil:
 			fails = 0
@@ -652,7 +652,7 @@ func (c *histCluster) writer(ctx context.Context, rec *histcheck.Recorder, value
 
 // dialWritable connects to the first gateway from g on that serves VDI k
 // writable; nil when none does now.
-func (c *histCluster) dialWritable(ctx context.Context, k, g int) (*histConn, int) {
+func (c *histCluster) dialWritable(ctx context.Context, k, g int) (*nbdConn, int) {
 	for i := range histNodes {
 		gw := (g + i) % histNodes
 		addr := c.gateway(gw)
@@ -660,7 +660,7 @@ func (c *histCluster) dialWritable(ctx context.Context, k, g int) (*histConn, in
 			continue
 		}
 		dctx, cancel := context.WithTimeout(ctx, histDialTimeout)
-		conn, err := histDial(dctx, addr, histVDIName(k))
+		conn, err := dialNBD(dctx, "tcp", addr, histVDIName(k))
 		cancel()
 		if err != nil {
 			continue
@@ -676,7 +676,7 @@ func (c *histCluster) dialWritable(ctx context.Context, k, g int) (*histConn, in
 // reader reads random blocks of VDI k through gateway g until ctx ends.
 func (c *histCluster) reader(ctx context.Context, rec *histcheck.Recorder, k, client, g int, seed uint64) {
 	rng := mrand.New(mrand.NewPCG(seed, 3))
-	var conn *histConn
+	var conn *nbdConn
 	defer func() {
 		if conn != nil {
 			conn.Close()
@@ -691,7 +691,7 @@ func (c *histCluster) reader(ctx context.Context, rec *histcheck.Recorder, k, cl
 			}
 			dctx, cancel := context.WithTimeout(ctx, histDialTimeout)
 			var err error
-			conn, err = histDial(dctx, addr, histVDIName(k))
+			conn, err = dialNBD(dctx, "tcp", addr, histVDIName(k))
 			cancel()
 			if err != nil {
 				histPause(ctx, 300*time.Millisecond)
@@ -704,7 +704,7 @@ func (c *histCluster) reader(ctx context.Context, rec *histcheck.Recorder, k, cl
 			break // cut short by the end of the run: tells nothing
 		}
 		rec.Add(op)
-		var nbdErr *histNBDError
+		var nbdErr *nbdReplyError
 		if err != nil && !errors.As(err, &nbdErr) {
 			conn.Close()
 			conn = nil
@@ -714,7 +714,7 @@ func (c *histCluster) reader(ctx context.Context, rec *histcheck.Recorder, k, cl
 }
 
 // readOne reads block b of VDI k through conn and returns the operation.
-func (c *histCluster) readOne(ctx context.Context, conn *histConn, k, b, client, g int) (histcheck.Op, error) {
+func (c *histCluster) readOne(ctx context.Context, conn *nbdConn, k, b, client, g int) (histcheck.Op, error) {
 	op := histcheck.Op{Kind: histcheck.Read, Register: k*histBlocksPerVDI + b, Client: client, Gateway: g}
 	buf := make([]byte, histcheck.BlockSize)
 	opCtx, cancel := context.WithTimeout(ctx, histOpTimeout)
@@ -745,7 +745,7 @@ func (c *histCluster) finalReads(rec *histcheck.Recorder) {
 	defer cancel()
 	for g := range histNodes {
 		for k := range histVDIs {
-			conn, err := histDial(ctx, c.gateway(g), histVDIName(k))
+			conn, err := dialNBD(ctx, "tcp", c.gateway(g), histVDIName(k))
 			if err != nil {
 				c.t.Fatalf("final reads: %v", err)
 			}
@@ -756,10 +756,10 @@ func (c *histCluster) finalReads(rec *histcheck.Recorder) {
 					if err == nil {
 						break
 					}
-					var nbdErr *histNBDError
+					var nbdErr *nbdReplyError
 					if !errors.As(err, &nbdErr) {
 						conn.Close()
-						if conn, err = histDial(ctx, c.gateway(g), histVDIName(k)); err != nil {
+						if conn, err = dialNBD(ctx, "tcp", c.gateway(g), histVDIName(k)); err != nil {
 							c.t.Fatalf("final reads: %v", err)
 						}
 					}

@@ -1,21 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	mrand "math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,7 +105,9 @@ func runKillRound(t *testing.T, round int, rd killRound, r *mrand.Rand, ids *uin
 	fioDone := make(chan error, 1)
 	go func() { fioDone <- fio.Wait() }()
 
-	c, err := dialKillClient(s.addr)
+	dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, err := dialNBD(dctx, "unix", s.addr, "")
+	cancel()
 	if err != nil {
 		t.Fatalf("round %d: test client: %v\n%s", round, err, s.stderr)
 	}
@@ -121,7 +120,7 @@ func runKillRound(t *testing.T, round int, rd killRound, r *mrand.Rand, ids *uin
 	s.wait(20 * time.Second)
 	st := <-stats
 	c.c.Close()
-	var nbdErr *killNBDError
+	var nbdErr *nbdReplyError
 	if errors.As(st.err, &nbdErr) {
 		t.Errorf("round %d: the server failed a request before the kill: %v", round, st.err)
 	}
@@ -236,7 +235,7 @@ type killStats struct {
 // freed and allocated again across the kills); a FLUSH follows every 1
 // to 8 requests, or in half the rounds every 1 to 64. The model is updated as each request is issued and
 // completed; zeros are id 0.
-func (m *killModel) drive(c *killClient, seed uint64, ids *uint32, writethrough bool) killStats {
+func (m *killModel) drive(c *nbdConn, seed uint64, ids *uint32, writethrough bool) killStats {
 	r := mrand.New(mrand.NewPCG(seed, 3))
 	var st killStats
 	m.log = m.log[:0]
@@ -250,7 +249,7 @@ func (m *killModel) drive(c *killClient, seed uint64, ids *uint32, writethrough 
 	for {
 		if untilFlush == 0 {
 			m.log = append(m.log, killOp{what: "FLUSH", when: time.Since(start)})
-			if err := c.flush(); err != nil {
+			if err := c.flush(context.Background()); err != nil {
 				st.err = err
 				return st
 			}
@@ -296,13 +295,13 @@ func (m *killModel) drive(c *killClient, seed uint64, ids *uint32, writethrough 
 		st.inFlight = 1
 		var err error
 		if zero {
-			err = c.writeZeroes(uint64(first*killSector), uint32(n*killSector))
+			err = c.writeZeroes(context.Background(), uint64(first*killSector), uint32(n*killSector))
 		} else {
 			data := make([]byte, n*killSector)
 			for i := 0; i < n; i++ {
 				fillSector(data[i*killSector:(i+1)*killSector], id, first+i)
 			}
-			err = c.write(uint64(first*killSector), data, fua)
+			err = c.write(context.Background(), uint64(first*killSector), data, fua)
 		}
 		if err != nil {
 			st.err = err
@@ -423,122 +422,3 @@ func containsID(ids []uint32, id uint32) bool {
 	}
 	return false
 }
-
-// killClient is a minimal NBD client: fixed newstyle handshake, NBD_OPT_GO
-// on the default export, then WRITE (FUA or not), WRITE_ZEROES and FLUSH
-// with simple replies, one request at a time.
-type killClient struct {
-	c      net.Conn
-	r      *bufio.Reader
-	handle uint64
-	mu     sync.Mutex
-}
-
-// NBD wire values the client uses (NetworkBlockDevice/nbd doc/proto.md).
-const (
-	nbdMagic          = 0x4e42444d41474943 // NBDMAGIC
-	nbdOptsMagic      = 0x49484156454f5054 // IHAVEOPT
-	nbdRepMagic       = 0x3e889045565a9
-	nbdRequestMagic   = 0x25609513
-	nbdReplyMagic     = 0x67446698
-	nbdOptGo          = 7
-	nbdRepAck         = 1
-	nbdCmdWrite       = 1
-	nbdCmdFlush       = 3
-	nbdCmdWriteZeroes = 6
-	nbdFlagFUA        = 1
-)
-
-func dialKillClient(sock string) (*killClient, error) {
-	c, err := net.DialTimeout("unix", sock, 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	k := &killClient{c: c, r: bufio.NewReader(c)}
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	var hello [18]byte
-	if _, err := io.ReadFull(k.r, hello[:]); err != nil {
-		return nil, fmt.Errorf("greeting: %w", err)
-	}
-	if binary.BigEndian.Uint64(hello[0:8]) != nbdMagic || binary.BigEndian.Uint64(hello[8:16]) != nbdOptsMagic || hello[17]&1 == 0 {
-		return nil, fmt.Errorf("not a fixed newstyle server: %x", hello)
-	}
-	msg := binary.BigEndian.AppendUint32(nil, 1|uint32(hello[17]&2)) // FIXED_NEWSTYLE, NO_ZEROES if offered
-	msg = binary.BigEndian.AppendUint64(msg, nbdOptsMagic)
-	msg = binary.BigEndian.AppendUint32(msg, nbdOptGo)
-	msg = binary.BigEndian.AppendUint32(msg, 6)
-	msg = append(msg, 0, 0, 0, 0, 0, 0) // name "", no information requests
-	if _, err := c.Write(msg); err != nil {
-		return nil, err
-	}
-	for {
-		var h [20]byte
-		if _, err := io.ReadFull(k.r, h[:]); err != nil {
-			return nil, fmt.Errorf("GO reply: %w", err)
-		}
-		typ := binary.BigEndian.Uint32(h[12:16])
-		if binary.BigEndian.Uint64(h[0:8]) != nbdRepMagic {
-			return nil, fmt.Errorf("bad option reply %x", h)
-		}
-		if _, err := io.CopyN(io.Discard, k.r, int64(binary.BigEndian.Uint32(h[16:20]))); err != nil {
-			return nil, err
-		}
-		switch {
-		case typ&(1<<31) != 0:
-			return nil, fmt.Errorf("GO refused: %#x", typ)
-		case typ == nbdRepAck:
-			return k, nil
-		}
-	}
-}
-
-// request sends one request and waits for its simple reply.
-func (k *killClient) request(cmd, flags uint16, off uint64, data []byte, length uint32) error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.handle++
-	var h [28]byte
-	binary.BigEndian.PutUint32(h[0:4], nbdRequestMagic)
-	binary.BigEndian.PutUint16(h[4:6], flags)
-	binary.BigEndian.PutUint16(h[6:8], cmd)
-	binary.BigEndian.PutUint64(h[8:16], k.handle)
-	binary.BigEndian.PutUint64(h[16:24], off)
-	binary.BigEndian.PutUint32(h[24:28], length)
-	if _, err := k.c.Write(append(h[:], data...)); err != nil {
-		return err
-	}
-	var rep [16]byte
-	if _, err := io.ReadFull(k.r, rep[:]); err != nil {
-		return err
-	}
-	switch {
-	case binary.BigEndian.Uint32(rep[0:4]) != nbdReplyMagic:
-		return fmt.Errorf("bad reply magic %x", rep[0:4])
-	case binary.BigEndian.Uint64(rep[8:16]) != k.handle:
-		return fmt.Errorf("reply for handle %d, want %d", binary.BigEndian.Uint64(rep[8:16]), k.handle)
-	case binary.BigEndian.Uint32(rep[4:8]) != 0:
-		return &killNBDError{binary.BigEndian.Uint32(rep[4:8])}
-	}
-	return nil
-}
-
-// killNBDError is an error reply from the server.
-type killNBDError struct{ errno uint32 }
-
-func (e *killNBDError) Error() string { return fmt.Sprintf("NBD error %d", e.errno) }
-
-func (k *killClient) write(off uint64, data []byte, fua bool) error {
-	var flags uint16
-	if fua {
-		flags = nbdFlagFUA
-	}
-	return k.request(nbdCmdWrite, flags, off, data, uint32(len(data)))
-}
-
-// writeZeroes zeroes n bytes at off and lets the server unmap them.
-func (k *killClient) writeZeroes(off uint64, n uint32) error {
-	return k.request(nbdCmdWriteZeroes, 0, off, nil, n)
-}
-
-func (k *killClient) flush() error { return k.request(nbdCmdFlush, 0, 0, nil, 0) }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"os"
@@ -41,18 +42,20 @@ func TestNBDStopWithStuckRequests(t *testing.T) {
 			image, _ := newNBDImage(t, t.TempDir(), "qcow2", 64<<20)
 			s := startNBD(t, nbdRun{args: []string{"-t", "-e", "2", "--shutdown-timeout", grace.String(), "-f", "qcow2", image}})
 
-			idle, err := dialKillClient(s.addr)
+			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			idle, err := dialNBD(dctx, "unix", s.addr, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer idle.c.Close()
-			k, err := dialKillClient(s.addr)
+			k, err := dialNBD(dctx, "unix", s.addr, "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer k.c.Close()
 			data := bytes.Repeat([]byte("stuck requests. "), 4096) // 64 KiB
-			if err := k.write(1<<20, data, false); err != nil {
+			if err := k.write(dctx, 1<<20, data, false); err != nil {
 				t.Fatalf("write: %v", err)
 			}
 

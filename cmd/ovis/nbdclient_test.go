@@ -12,15 +12,15 @@ import (
 	"time"
 )
 
-// histConn is the history test's NBD client (NetworkBlockDevice/nbd
-// doc/proto.md): fixed newstyle handshake, NBD_OPT_GO on a named export,
-// then READ, WRITE (FUA or not) and FLUSH with simple replies, one request
-// at a time. Every call takes a context: its deadline bounds the call,
+// nbdConn is the NBD client of the history and kill tests
+// (NetworkBlockDevice/nbd doc/proto.md): fixed newstyle handshake,
+// NBD_OPT_GO on a named export, then READ, WRITE (FUA or not),
+// WRITE_ZEROES and FLUSH with simple replies, one request at a time. Every call takes a context: its deadline bounds the call,
 // and its cancellation breaks the connection. After any error other than
 // an NBD error reply the connection is broken and must be closed.
 //
 // Not safe for concurrent use.
-type histConn struct {
+type nbdConn struct {
 	c      net.Conn
 	r      *bufio.Reader
 	handle uint64
@@ -28,8 +28,19 @@ type histConn struct {
 	flags  uint16 // transmission flags
 }
 
-// NBD values the history client uses beyond those of kill_test.go.
+// NBD wire values the client uses.
 const (
+	nbdMagic           = 0x4e42444d41474943 // NBDMAGIC
+	nbdOptsMagic       = 0x49484156454f5054 // IHAVEOPT
+	nbdRepMagic        = 0x3e889045565a9
+	nbdRequestMagic    = 0x25609513
+	nbdReplyMagic      = 0x67446698
+	nbdOptGo           = 7
+	nbdRepAck          = 1
+	nbdCmdWrite        = 1
+	nbdCmdFlush        = 3
+	nbdCmdWriteZeroes  = 6
+	nbdFlagFUA         = 1
 	histOptInfoExport  = 0 // NBD_INFO_EXPORT
 	histRepInfo        = 3 // NBD_REP_INFO
 	histCmdRead        = 0
@@ -39,16 +50,16 @@ const (
 	histHandshakeLimit = 16 // option replies before GO's ACK
 )
 
-// histNBDError is an error reply of the server: errno is NBD's (5 EIO,
+// nbdReplyError is an error reply of the server: errno is NBD's (5 EIO,
 // 1 EPERM, 28 ENOSPC).
-type histNBDError struct{ errno uint32 }
+type nbdReplyError struct{ errno uint32 }
 
-func (e *histNBDError) Error() string { return fmt.Sprintf("NBD error %d", e.errno) }
+func (e *nbdReplyError) Error() string { return fmt.Sprintf("NBD error %d", e.errno) }
 
-// histWithDeadline runs f with c's deadline set from ctx, and c broken if
+// nbdWithDeadline runs f with c's deadline set from ctx, and c broken if
 // ctx ends during f. An error that ctx's end caused wraps ctx's error
 // (context.DeadlineExceeded or Canceled).
-func histWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
+func nbdWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
 	if d, ok := ctx.Deadline(); ok {
 		c.SetDeadline(d)
 	} else {
@@ -69,23 +80,23 @@ func histWithDeadline(ctx context.Context, c net.Conn, f func() error) error {
 	return err
 }
 
-// histDial connects to the NBD server at addr (host:port) and opens the
-// export name.
-func histDial(ctx context.Context, addr, name string) (*histConn, error) {
+// dialNBD connects to the NBD server at addr on network ("tcp" for
+// host:port, "unix" for a socket's path) and opens the export name.
+func dialNBD(ctx context.Context, network, addr, name string) (*nbdConn, error) {
 	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := d.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, fmt.Errorf("nbd dial %s: %w", addr, err)
 	}
-	h := &histConn{c: c, r: bufio.NewReader(c)}
-	if err := histWithDeadline(ctx, c, func() error { return h.handshake(name) }); err != nil {
+	h := &nbdConn{c: c, r: bufio.NewReader(c)}
+	if err := nbdWithDeadline(ctx, c, func() error { return h.handshake(name) }); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("nbd handshake with %s for %q: %w", addr, name, err)
 	}
 	return h, nil
 }
 
-func (h *histConn) handshake(name string) error {
+func (h *nbdConn) handshake(name string) error {
 	var hello [18]byte
 	if _, err := io.ReadFull(h.r, hello[:]); err != nil {
 		return fmt.Errorf("greeting: %w", err)
@@ -134,12 +145,12 @@ func (h *histConn) handshake(name string) error {
 
 // readOnly says whether the server serves the export read-only (its node
 // does not hold the VDI's lock).
-func (h *histConn) readOnly() bool { return h.flags&histFlagReadOnly != 0 }
+func (h *nbdConn) readOnly() bool { return h.flags&histFlagReadOnly != 0 }
 
 // request sends one request and waits for its simple reply; a READ's data
 // goes to out.
-func (h *histConn) request(ctx context.Context, cmd, flags uint16, off uint64, data []byte, length uint32, out []byte) error {
-	return histWithDeadline(ctx, h.c, func() error {
+func (h *nbdConn) request(ctx context.Context, cmd, flags uint16, off uint64, data []byte, length uint32, out []byte) error {
+	return nbdWithDeadline(ctx, h.c, func() error {
 		h.handle++
 		var hd [28]byte
 		binary.BigEndian.PutUint32(hd[0:4], nbdRequestMagic)
@@ -161,7 +172,7 @@ func (h *histConn) request(ctx context.Context, cmd, flags uint16, off uint64, d
 		case binary.BigEndian.Uint64(rep[8:16]) != h.handle:
 			return fmt.Errorf("reply for handle %d, want %d", binary.BigEndian.Uint64(rep[8:16]), h.handle)
 		case binary.BigEndian.Uint32(rep[4:8]) != 0:
-			return &histNBDError{binary.BigEndian.Uint32(rep[4:8])}
+			return &nbdReplyError{binary.BigEndian.Uint32(rep[4:8])}
 		}
 		if out != nil {
 			if _, err := io.ReadFull(h.r, out); err != nil {
@@ -173,12 +184,12 @@ func (h *histConn) request(ctx context.Context, cmd, flags uint16, off uint64, d
 }
 
 // read reads len(buf) bytes at off.
-func (h *histConn) read(ctx context.Context, off uint64, buf []byte) error {
+func (h *nbdConn) read(ctx context.Context, off uint64, buf []byte) error {
 	return h.request(ctx, histCmdRead, 0, off, nil, uint32(len(buf)), buf)
 }
 
 // write writes data at off, with FUA when fua is set.
-func (h *histConn) write(ctx context.Context, off uint64, data []byte, fua bool) error {
+func (h *nbdConn) write(ctx context.Context, off uint64, data []byte, fua bool) error {
 	var flags uint16
 	if fua {
 		flags = nbdFlagFUA
@@ -186,8 +197,13 @@ func (h *histConn) write(ctx context.Context, off uint64, data []byte, fua bool)
 	return h.request(ctx, nbdCmdWrite, flags, off, data, uint32(len(data)), nil)
 }
 
-func (h *histConn) flush(ctx context.Context) error {
+// writeZeroes zeroes n bytes at off and lets the server unmap them.
+func (h *nbdConn) writeZeroes(ctx context.Context, off uint64, n uint32) error {
+	return h.request(ctx, nbdCmdWriteZeroes, 0, off, nil, n, nil)
+}
+
+func (h *nbdConn) flush(ctx context.Context) error {
 	return h.request(ctx, nbdCmdFlush, 0, 0, nil, 0, nil)
 }
 
-func (h *histConn) Close() error { return h.c.Close() }
+func (h *nbdConn) Close() error { return h.c.Close() }

@@ -15,10 +15,10 @@ import (
 	"github.com/ovis-storage/ovis/nbd"
 )
 
-// TestHistConn checks the history test's NBD client against ovis's NBD
+// TestNBDConn checks the history and kill tests' NBD client against ovis's NBD
 // server: the read-only flag, FUA and flushed writes read back, error
-// replies as histNBDError, and a deadline that ends a silent handshake.
-func TestHistConn(t *testing.T) {
+// replies as nbdReplyError, and a deadline that ends a silent handshake.
+func TestNBDConn(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "disk.raw")
 	if err := os.WriteFile(p, make([]byte, 1<<20), 0o644); err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestHistConn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	rw, err := histDial(ctx, l.Addr().String(), "rw")
+	rw, err := dialNBD(ctx, "tcp", l.Addr().String(), "rw")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestHistConn(t *testing.T) {
 	if err := rw.flush(ctx); err != nil {
 		t.Fatalf("flush: %v", err)
 	}
-	ro, err := histDial(ctx, l.Addr().String(), "ro")
+	ro, err := dialNBD(ctx, "tcp", l.Addr().String(), "ro")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestHistConn(t *testing.T) {
 	if err := ro.read(ctx, 8192, got); err != nil || !bytes.Equal(got[:4096], a) || !bytes.Equal(got[4096:], b) {
 		t.Errorf("read back through the other connection: %v, %x… %x…", err, got[:4], got[4096:4100])
 	}
-	var nbdErr *histNBDError
+	var nbdErr *nbdReplyError
 	if err := ro.write(ctx, 0, a, true); !errors.As(err, &nbdErr) || nbdErr.errno != 1 {
 		t.Errorf("write to a read-only export: %v, want NBD error 1 (EPERM)", err)
 	}
@@ -88,7 +88,7 @@ func TestHistConn(t *testing.T) {
 	if err := ro.read(ctx, 8192, got[:4096]); err != nil || !bytes.Equal(got[:4096], a) {
 		t.Errorf("read after an error reply: %v", err)
 	}
-	if _, err := histDial(ctx, l.Addr().String(), "none"); err == nil {
+	if _, err := dialNBD(ctx, "tcp", l.Addr().String(), "none"); err == nil {
 		t.Error("an unknown export was opened")
 	}
 
@@ -102,7 +102,7 @@ func TestHistConn(t *testing.T) {
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancelShort()
 	start := time.Now()
-	if _, err := histDial(short, silent.Addr().String(), "x"); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := dialNBD(short, "tcp", silent.Addr().String(), "x"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("silent server: %v, want a deadline error", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
