@@ -169,10 +169,9 @@ func (r *recoverer) placement(ctx context.Context, obj object.ID, vd membership.
 	if reps, ok := placed[e]; ok {
 		return reps, nil
 	}
-	// Each epoch's own copies (membership.AlterCopies); an epoch older
-	// than the record's history of them is not known.
-	copies, known := vd.CopiesAt(e)
-	if !known {
+	// An epoch older than the record's history of its copies is not
+	// known.
+	if _, known := vd.CopiesAt(e); !known {
 		return nil, membership.ErrNoEpoch
 	}
 	v, err := r.a.view(ctx, e)
@@ -180,12 +179,26 @@ func (r *recoverer) placement(ctx context.Context, obj object.ID, vd membership.
 		return nil, err
 	}
 	var buf [16]string
-	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), buf[:0])
+	reps, err := placeIn(v, obj, vd, buf[:0])
 	if err != nil {
-		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
+		return nil, err
 	}
 	reps = slices.Clone(reps)
 	placed[e] = reps
+	return reps, nil
+}
+
+// placeIn places obj in v with the copies its VDI had in v's epoch
+// (membership.AlterCopies: requests of that epoch were placed with them,
+// not with the newest), appending to buf. Where the record no longer says
+// (an epoch before its history of copies), CopiesAt's answer, the oldest
+// it knows, is used; placement refuses such epochs before calling.
+func placeIn(v *gateway.View, obj object.ID, vd membership.VDI, buf []string) ([]string, error) {
+	copies, _ := vd.CopiesAt(v.Epoch)
+	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), buf)
+	if err != nil {
+		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, v.Epoch, err)
+	}
 	return reps, nil
 }
 

@@ -604,14 +604,7 @@ func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID
 		}
 		return nil, fmt.Errorf("object %s: its VDI: %w", obj, err)
 	}
-	// The copies of v's epoch, not the newest: requests of that epoch
-	// were placed with them (membership.AlterCopies).
-	copies, _ := vd.CopiesAt(v.Epoch)
-	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), nil)
-	if err != nil {
-		return nil, fmt.Errorf("object %s: epoch %d: %w", obj, v.Epoch, err)
-	}
-	return reps, nil
+	return placeIn(v, obj, vd, nil)
 }
 
 // pullAll carries out the pending steps with a few workers, until none
