@@ -68,7 +68,6 @@ func vdiCopies(t *testing.T, n *clusterNode, name string) int {
 // writes, leaves exactly 1 copy of each object once the extra copies
 // are dropped. Values the cluster cannot hold are refused.
 func TestClusterAlterCopy(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1, n2 := nodes[0], nodes[1]
 	dumpOnFailure(t, nodes)
@@ -133,7 +132,6 @@ func TestClusterAlterCopy(t *testing.T) {
 // says to start it on an empty one; started so, it joins under a new ID
 // and recovery gives it its copies.
 func TestClusterNodeRemove(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()

@@ -26,7 +26,6 @@ func nbdSize(t *testing.T, url string) int64 {
 // through another node; a client connected across the resize keeps its
 // size and its writes; a shrink needs --shrink, as before.
 func TestClusterResize(t *testing.T) {
-	serialCluster(t)
 	const (
 		oldSize = 8 << 20
 		newSize = 16 << 20

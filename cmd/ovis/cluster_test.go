@@ -241,7 +241,6 @@ func runQemuIO(t *testing.T, dir string, args ...string) result {
 // one node and checks it through another against the same writes made to
 // a raw file.
 func TestClusterEndToEnd(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
@@ -467,7 +466,6 @@ func nodeMetric(t *testing.T, nodes []*clusterNode, name string) float64 {
 // flush, and plain writes plus a flush as plain requests and one flush per
 // replica.
 func TestClusterExternalEtcd(t *testing.T) {
-	serialCluster(t)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 3))
 	nodes := startCluster(t, 3, etcd)
 	n1, n2 := nodes[0], nodes[1]
@@ -540,7 +538,6 @@ func TestClusterExternalEtcd(t *testing.T) {
 // before it takes the write); recovery makes the missing copies, and
 // afterwards every object is on exactly two nodes, identical.
 func TestClusterNodeLeaveRecovers(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -605,7 +602,6 @@ func TestClusterNodeLeaveRecovers(t *testing.T) {
 // After SIGCONT the old gateway cannot change a byte, on any copy, and
 // it stops serving.
 func TestClusterSuspendedWriterIsFenced(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n2, n3 := nodes[0], nodes[1], nodes[2]
 	dir := t.TempDir()
@@ -698,7 +694,6 @@ func findObjectFile(t *testing.T, dir, vdi, index string) string {
 // TestClusterZones: four nodes in two zones, copies 2: every object has
 // one copy in each zone; copies 3 cannot be asked for.
 func TestClusterZones(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 4, "", "1", "1", "2", "2")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -738,7 +733,6 @@ func TestClusterZones(t *testing.T) {
 // TestClusterBadNames: an unknown VDI is refused by name, over NBD and by
 // every admin verb, and nothing changes.
 func TestClusterBadNames(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 1, "")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -813,7 +807,6 @@ func nodePKI(t *testing.T) []string {
 // reads back through the other; an admin command without the
 // certificate is refused, and one with it works.
 func TestClusterTLS(t *testing.T) {
-	serialCluster(t)
 	tlsArgs := nodePKI(t)
 	base := t.TempDir()
 	n1 := startClusterNode(t, filepath.Join(base, "n1"), "", tlsArgs...)

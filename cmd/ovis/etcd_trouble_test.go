@@ -23,7 +23,6 @@ import (
 // the membership, node 1 takes disk0's lock again, and cluster check
 // finds every object's three copies equal.
 func TestClusterEtcdTrouble(t *testing.T) {
-	serialCluster(t)
 	members := testutil.StartEtcd(t, 3)
 	etcd := testutil.EtcdEndpoints(members)
 	nodes := startCluster(t, 3, etcd)

@@ -256,7 +256,6 @@ func runCachePhases(t *testing.T, vm *guest.VM, nodes []*clusterNode, drive stri
 // QEMU sends plain writes and flushes. Only the gateway's --cache
 // writethrough keeps every write durable whatever the guest chooses.
 func TestGuestClusterCacheModes(t *testing.T) {
-	serialCluster(t)
 	start := time.Now()
 	nodes := startCluster(t, 3, "")
 	n1 := nodes[0]
@@ -319,7 +318,6 @@ func TestGuestClusterCacheModes(t *testing.T) {
 // (read-back, e2fsck) must pass and qemu-img check must find the image
 // clean once the server has stopped.
 func TestGuestNBD(t *testing.T) {
-	serialCluster(t)
 	for _, cache := range []string{"writeback", "writethrough"} {
 		t.Run(cache, func(t *testing.T) {
 			dir := t.TempDir()
@@ -396,7 +394,6 @@ e2fsck -fn /dev/vda || fail "e2fsck -fn: exit $?"
 // another node afterwards, the raw chunks must match and the filesystem
 // must be clean.
 func TestGuestClusterNodeKill(t *testing.T) {
-	serialCluster(t)
 	start := time.Now()
 	nodes := startCluster(t, 3, "")
 	gw, other, victim := nodes[0], nodes[1], nodes[2]

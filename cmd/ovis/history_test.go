@@ -106,7 +106,6 @@ func histConfigFromEnv(t *testing.T) histConfig {
 // TestClusterHistory is the history test under the nemesis; it fails on
 // any violation. See the comment above for its variables.
 func TestClusterHistory(t *testing.T) {
-	serialCluster(t)
 	cfg := histConfigFromEnv(t)
 	rep, run := histRun(t, cfg)
 	if len(rep.Violations) > 0 {
@@ -129,7 +128,6 @@ func TestClusterHistory(t *testing.T) {
 // violations, if the cluster has any, are TestClusterHistory's business).
 // No nemesis; 20 s of load.
 func TestClusterHistorySabotage(t *testing.T) {
-	serialCluster(t)
 	cfg := histConfig{duration: 20 * time.Second, seed: uint64(time.Now().UnixNano()), sabotage: []string{"stale", "torn", "junk"}}
 	if out := os.Getenv("OVIS_HIST_OUT"); out != "" {
 		cfg.out = out + ".sabotage"

@@ -159,18 +159,3 @@ func sampled(k int, idx ...int) bool {
 	return sum%k == 0
 }
 
-// clusterSlot is held by the one cluster or guest test that runs at a
-// time.
-var clusterSlot = make(chan struct{}, 1)
-
-// serialCluster starts a test that runs a cluster of node processes or
-// boots a guest. Such tests mostly wait (for leases, restarts, timers),
-// where the img tests keep the CPU busy, so they run in parallel with
-// those; but one at a time, because they are written against one
-// cluster's timing on a 2-core machine.
-func serialCluster(t *testing.T) {
-	t.Helper()
-	t.Parallel()
-	clusterSlot <- struct{}{}
-	t.Cleanup(func() { <-clusterSlot })
-}

@@ -14,7 +14,6 @@ import (
 // not. nbdinfo reads the advertised flag; the nodes' metrics, summed over
 // every replica, count what arrived.
 func TestClusterNBDNoFUA(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1 := nodes[0]
 	noFUA := startClusterNode(t, filepath.Join(t.TempDir(), "n4"), n1.etcd, "--nbd-no-fua")

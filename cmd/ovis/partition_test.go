@@ -32,7 +32,6 @@ import (
 // (node 1's unacknowledged copies lost to the nodes that went on: no
 // split brain), disk1 holds 0x22; cluster check finds every copy equal.
 func TestClusterPartition(t *testing.T) {
-	serialCluster(t)
 	nt := netns.NewT(t, 4)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcdOn(t, 3, nt.HostAddr()))
 	var nodes []*clusterNode

@@ -134,7 +134,6 @@ func checkAll(t *testing.T, n *clusterNode, when string) {
 // verifies and cluster check finds every object on 3 nodes with equal
 // bytes.
 func TestClusterKillRestart(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1, n2, n3, n4 := nodes[0], nodes[1], nodes[2], nodes[3]
 	dir := t.TempDir()
@@ -200,7 +199,6 @@ func nodeObjects(t *testing.T, n *clusterNode) map[string]int {
 // node ends within 10 % of the ideal, every object on 3 nodes with
 // equal bytes, and everything verifies.
 func TestClusterJoinUnderLoad(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1 := nodes[0]
 	dir := t.TempDir()
@@ -254,7 +252,6 @@ func TestClusterJoinUnderLoad(t *testing.T) {
 // deleted when the node returns: its objects on that node are removed,
 // never pulled back onto the others, and nothing of it leaks.
 func TestClusterDeleteWhileAway(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n3 := nodes[0], nodes[2]
 	dir := t.TempDir()
@@ -293,7 +290,6 @@ func TestClusterDeleteWhileAway(t *testing.T) {
 // fewer nodes are live than the copies, and takes them again once the
 // node is back; reads go on throughout.
 func TestClusterStrict(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n3 := nodes[0], nodes[2]
 	dir := t.TempDir()
@@ -325,7 +321,6 @@ func TestClusterStrict(t *testing.T) {
 // writable (what a request touches is recovered on demand); resumed,
 // and throttled, it completes; the settings show in `node recovery`.
 func TestClusterRecoveryPauseAndRate(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 4, "")
 	n1, n4 := nodes[0], nodes[3]
 	dir := t.TempDir()
@@ -393,7 +388,6 @@ func TestClusterRecoveryPauseAndRate(t *testing.T) {
 // a FUA write covered reads back, the copies are identical (cluster
 // check), and the VDI takes writes again.
 func TestClusterPowerLoss(t *testing.T) {
-	serialCluster(t)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 3))
 	nodes := startCluster(t, 3, etcd)
 	n1 := nodes[0]
@@ -439,7 +433,6 @@ func TestClusterPowerLoss(t *testing.T) {
 // check --repair replaces the odd copy with the one the two others
 // hold, says so, and exits 0; the data reads back as written.
 func TestClusterCheckRepair(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n3 := nodes[0], nodes[2]
 	dir := t.TempDir()
@@ -481,7 +474,6 @@ func objectFiles(t *testing.T, n *clusterNode) int {
 // and once every node has seen the trim the tombstones are forgotten,
 // so nothing of the trimmed objects is left on any disk.
 func TestClusterTrimWhileAway(t *testing.T) {
-	serialCluster(t)
 	nodes := startCluster(t, 3, "")
 	n1, n3 := nodes[0], nodes[2]
 	dir := t.TempDir()
@@ -517,7 +509,6 @@ func TestClusterTrimWhileAway(t *testing.T) {
 // the client and are never acknowledged with its copy missing; node list
 // says the node is full; the writes that were acknowledged read back.
 func TestClusterFullDisk(t *testing.T) {
-	serialCluster(t)
 	base := t.TempDir()
 	small := filepath.Join(base, "small")
 	if err := os.MkdirAll(small, 0o755); err != nil {

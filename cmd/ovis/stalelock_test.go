@@ -73,7 +73,6 @@ var qemuIOFailRE = regexp.MustCompile(`(write|read) failed: (.*)`)
 // through any node. The tokens lock list and lock break print are the
 // real ones, and grow.
 func TestClusterBrokenLockHolderNotices(t *testing.T) {
-	serialCluster(t)
 	base := t.TempDir()
 	// A 60 s lease: the old holder is stopped for 2-5 s (the admin
 	// commands run meanwhile; more under the race detector on a busy

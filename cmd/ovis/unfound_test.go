@@ -114,7 +114,6 @@ func startBlockReader(t *testing.T, dir string, n *clusterNode, limit time.Durat
 // went on never had". Before ovis knew unfound objects, 17 of 64 blocks
 // read as zeros after step 1.
 func TestClusterAllHoldersAway(t *testing.T) {
-	serialCluster(t)
 	stagger := 3 * time.Second
 	if s := os.Getenv("OVIS_UNFOUND_STAGGER"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -229,7 +228,6 @@ func firstLines(s string, n int) string {
 // others intact. When one of the dead nodes returns after all, its copies
 // of the given-up objects do not come back.
 func TestClusterMarkLost(t *testing.T) {
-	serialCluster(t)
 	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 1))
 	base := t.TempDir()
 	lease := []string{"--lease", "2s"}
