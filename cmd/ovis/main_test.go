@@ -158,4 +158,3 @@ func sampled(k int, idx ...int) bool {
 	}
 	return sum%k == 0
 }
-

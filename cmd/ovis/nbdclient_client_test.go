@@ -15,7 +15,7 @@ import (
 	"github.com/ovis-storage/ovis/nbd"
 )
 
-// TestNBDConn checks the history and kill tests' NBD client against ovis's NBD
+// TestNBDConn checks the tests' NBD client (nbdConn) against ovis's NBD
 // server: the read-only flag, FUA and flushed writes read back, error
 // replies as nbdReplyError, and a deadline that ends a silent handshake.
 func TestNBDConn(t *testing.T) {
@@ -55,7 +55,7 @@ func TestNBDConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rw.Close()
-	if rw.readOnly() || rw.size != 1<<20 || rw.flags&histFlagSendFUA == 0 {
+	if rw.readOnly() || rw.size != 1<<20 || rw.flags&nbdFlagSendFUA == 0 {
 		t.Errorf("rw export: read-only %v, size %d, flags %#x", rw.readOnly(), rw.size, rw.flags)
 	}
 	a, b := bytes.Repeat([]byte{0xa5}, 4096), bytes.Repeat([]byte{0x5a}, 4096)

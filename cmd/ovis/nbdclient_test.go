@@ -12,11 +12,12 @@ import (
 	"time"
 )
 
-// nbdConn is the NBD client of the history and kill tests
+// nbdConn is the NBD client of the history, kill and stuck-request tests
 // (NetworkBlockDevice/nbd doc/proto.md): fixed newstyle handshake,
 // NBD_OPT_GO on a named export, then READ, WRITE (FUA or not),
-// WRITE_ZEROES and FLUSH with simple replies, one request at a time. Every call takes a context: its deadline bounds the call,
-// and its cancellation breaks the connection. After any error other than
+// WRITE_ZEROES and FLUSH with simple replies, one request at a time.
+// Every call takes a context: its deadline bounds the call, and its
+// cancellation breaks the connection. After any error other than
 // an NBD error reply the connection is broken and must be closed.
 //
 // Not safe for concurrent use.
@@ -30,24 +31,24 @@ type nbdConn struct {
 
 // NBD wire values the client uses.
 const (
-	nbdMagic           = 0x4e42444d41474943 // NBDMAGIC
-	nbdOptsMagic       = 0x49484156454f5054 // IHAVEOPT
-	nbdRepMagic        = 0x3e889045565a9
-	nbdRequestMagic    = 0x25609513
-	nbdReplyMagic      = 0x67446698
-	nbdOptGo           = 7
-	nbdRepAck          = 1
-	nbdCmdWrite        = 1
-	nbdCmdFlush        = 3
-	nbdCmdWriteZeroes  = 6
-	nbdFlagFUA         = 1
-	histOptInfoExport  = 0 // NBD_INFO_EXPORT
-	histRepInfo        = 3 // NBD_REP_INFO
-	histCmdRead        = 0
-	histFlagReadOnly   = 1 << 1 // NBD_FLAG_READ_ONLY
-	histFlagSendFUA    = 1 << 3 // NBD_FLAG_SEND_FUA
-	histMaxOptReply    = 64 << 10
-	histHandshakeLimit = 16 // option replies before GO's ACK
+	nbdMagic          = 0x4e42444d41474943 // NBDMAGIC
+	nbdOptsMagic      = 0x49484156454f5054 // IHAVEOPT
+	nbdRepMagic       = 0x3e889045565a9
+	nbdRequestMagic   = 0x25609513
+	nbdReplyMagic     = 0x67446698
+	nbdOptGo          = 7
+	nbdRepAck         = 1
+	nbdCmdWrite       = 1
+	nbdCmdFlush       = 3
+	nbdCmdWriteZeroes = 6
+	nbdFlagFUA        = 1
+	nbdInfoExport     = 0 // NBD_INFO_EXPORT
+	nbdRepInfo        = 3 // NBD_REP_INFO
+	nbdCmdRead        = 0
+	nbdFlagReadOnly   = 1 << 1 // NBD_FLAG_READ_ONLY
+	nbdFlagSendFUA    = 1 << 3 // NBD_FLAG_SEND_FUA
+	nbdMaxOptReply    = 64 << 10
+	nbdHandshakeLimit = 16 // option replies before GO's ACK
 )
 
 // nbdReplyError is an error reply of the server: errno is NBD's (5 EIO,
@@ -114,13 +115,13 @@ func (h *nbdConn) handshake(name string) error {
 	if _, err := h.c.Write(msg); err != nil {
 		return err
 	}
-	for range histHandshakeLimit {
+	for range nbdHandshakeLimit {
 		var rep [20]byte
 		if _, err := io.ReadFull(h.r, rep[:]); err != nil {
 			return fmt.Errorf("GO reply: %w", err)
 		}
 		typ, n := binary.BigEndian.Uint32(rep[12:16]), binary.BigEndian.Uint32(rep[16:20])
-		if binary.BigEndian.Uint64(rep[0:8]) != nbdRepMagic || n > histMaxOptReply {
+		if binary.BigEndian.Uint64(rep[0:8]) != nbdRepMagic || n > nbdMaxOptReply {
 			return fmt.Errorf("bad option reply %x", rep)
 		}
 		data := make([]byte, n)
@@ -130,7 +131,7 @@ func (h *nbdConn) handshake(name string) error {
 		switch {
 		case typ&(1<<31) != 0:
 			return fmt.Errorf("GO refused (%#x): %s", typ, data[min(len(data), 4):])
-		case typ == histRepInfo && len(data) >= 12 && binary.BigEndian.Uint16(data[0:2]) == histOptInfoExport:
+		case typ == nbdRepInfo && len(data) >= 12 && binary.BigEndian.Uint16(data[0:2]) == nbdInfoExport:
 			h.size = binary.BigEndian.Uint64(data[2:10])
 			h.flags = binary.BigEndian.Uint16(data[10:12])
 		case typ == nbdRepAck:
@@ -140,12 +141,12 @@ func (h *nbdConn) handshake(name string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("no ACK to GO after %d replies", histHandshakeLimit)
+	return fmt.Errorf("no ACK to GO after %d replies", nbdHandshakeLimit)
 }
 
 // readOnly says whether the server serves the export read-only (its node
 // does not hold the VDI's lock).
-func (h *nbdConn) readOnly() bool { return h.flags&histFlagReadOnly != 0 }
+func (h *nbdConn) readOnly() bool { return h.flags&nbdFlagReadOnly != 0 }
 
 // request sends one request and waits for its simple reply; a READ's data
 // goes to out.
@@ -185,7 +186,7 @@ func (h *nbdConn) request(ctx context.Context, cmd, flags uint16, off uint64, da
 
 // read reads len(buf) bytes at off.
 func (h *nbdConn) read(ctx context.Context, off uint64, buf []byte) error {
-	return h.request(ctx, histCmdRead, 0, off, nil, uint32(len(buf)), buf)
+	return h.request(ctx, nbdCmdRead, 0, off, nil, uint32(len(buf)), buf)
 }
 
 // write writes data at off, with FUA when fua is set.
