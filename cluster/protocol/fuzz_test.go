@@ -13,6 +13,8 @@ func fuzzRequests() [][]byte {
 		{Op: OpRead, Handle: 1, Epoch: 3, Object: 0x100000002, Offset: 4096, Length: 4096},
 		{Op: OpWrite, Flags: FlagSync, Handle: 2, Epoch: 3, Token: 9, Object: 0x100000002, Payload: []byte("hello, world")},
 		{Op: OpHello, Handle: 3, Payload: []byte{}},
+		{Op: OpWriteZeroes, Flags: FlagGated, Handle: 5, Epoch: 3, Token: 9, Object: 0x100000002, Offset: 8192, Length: 4096, Gate: 0x5eed000000000001},
+		{Op: OpSettle, Handle: 6, Epoch: 3, Object: 0x100000000, Payload: AppendSettleIDs(nil, []uint64{0x5eed000000000001, 0x5eed000000000002})},
 		{Op: 200, Handle: 4},
 	}
 	var out [][]byte
@@ -116,6 +118,23 @@ func FuzzParseExtents(f *testing.F) {
 			t.Fatalf("%d entries allocated for %d bytes", cap(exts), len(in))
 		}
 		if out := AppendExtents(nil, exts); !bytes.Equal(out, in) {
+			t.Fatalf("re-encoded %x from %x", out, in)
+		}
+	})
+}
+
+func FuzzParseSettleIDs(f *testing.F) {
+	f.Add(AppendSettleIDs(nil, []uint64{1, 1 << 63}))
+	f.Add(make([]byte, 9))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ids, err := ParseSettleIDs(nil, in)
+		if err != nil {
+			if !errors.Is(err, ErrPayload) {
+				t.Fatalf("error of no known class: %v", err)
+			}
+			return
+		}
+		if out := AppendSettleIDs(nil, ids); !bytes.Equal(out, in) {
 			t.Fatalf("re-encoded %x from %x", out, in)
 		}
 	})

@@ -30,6 +30,11 @@ type Request struct {
 	Length uint32
 	// Version is the object version recovery puts; 0 otherwise.
 	Version uint64
+	// Gate is a gated write's gate id (FlagGated): unique per writer,
+	// chosen by the gateway, released by an OpSettle naming it. On the
+	// wire it takes the version field, which a gated write leaves 0; it
+	// is 0 on every request without FlagGated.
+	Gate uint64
 	// Payload is the write data (and OpHello's name). nil means no
 	// payload follows the header; the header carries its CRC32C.
 	Payload []byte
@@ -95,7 +100,11 @@ func putRequestHeader(b []byte, r *Request, handle uint64, payload bool, n int, 
 	binary.BigEndian.PutUint64(b[24:], r.Token)
 	binary.BigEndian.PutUint64(b[32:], uint64(r.Object))
 	binary.BigEndian.PutUint64(b[40:], r.Offset)
-	binary.BigEndian.PutUint64(b[48:], r.Version)
+	if r.Flags&FlagGated != 0 {
+		binary.BigEndian.PutUint64(b[48:], r.Gate)
+	} else {
+		binary.BigEndian.PutUint64(b[48:], r.Version)
+	}
 	binary.BigEndian.PutUint32(b[56:], uint32(n))
 	binary.BigEndian.PutUint32(b[60:], crc)
 }
@@ -105,6 +114,12 @@ func putRequestHeader(b []byte, r *Request, handle uint64, payload bool, n int, 
 func checkRequest(r *Request) (uint32, error) {
 	if r.Flags&flagPayload != 0 {
 		return 0, fmt.Errorf("protocol: %s request: flag %#x is reserved", r.Op, uint16(flagPayload))
+	}
+	if r.Flags&FlagGated != 0 && r.Version != 0 {
+		return 0, fmt.Errorf("protocol: %s request: gated with version %d: a gated request's version field carries its gate", r.Op, r.Version)
+	}
+	if r.Flags&FlagGated == 0 && r.Gate != 0 {
+		return 0, fmt.Errorf("protocol: %s request: gate %#x without FlagGated", r.Op, r.Gate)
 	}
 	if r.Payload == nil {
 		return r.Length, nil
@@ -121,7 +136,8 @@ func checkRequest(r *Request) (uint32, error) {
 // WriteRequest writes r to w: the 64-byte header, with the CRC32C of
 // r.Payload, then the payload. r.Handle is sent as it is. It fails
 // without writing anything when r cannot be encoded: a payload over
-// MaxPayload, a Length that differs from len(Payload), a reserved flag.
+// MaxPayload, a Length that differs from len(Payload), a reserved flag,
+// a Version on a gated request or a Gate on one that is not.
 func WriteRequest(w io.Writer, r *Request) error {
 	n, err := checkRequest(r)
 	if err != nil {
@@ -168,6 +184,9 @@ func parseRequestHeader(b []byte, r *Request) (requestHeader, error) {
 		Offset:  binary.BigEndian.Uint64(b[40:]),
 		Version: binary.BigEndian.Uint64(b[48:]),
 		Length:  binary.BigEndian.Uint32(b[56:]),
+	}
+	if flags&FlagGated != 0 {
+		r.Gate, r.Version = r.Version, 0
 	}
 	h := requestHeader{payload: flags&flagPayload != 0, crc: binary.BigEndian.Uint32(b[60:])}
 	if !h.payload && h.crc != 0 {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -22,6 +23,10 @@ func genRequest(t *rapid.T) *Request {
 		Object:  object.ID(rapid.Uint64().Draw(t, "object")),
 		Offset:  rapid.Uint64().Draw(t, "offset"),
 		Version: rapid.Uint64().Draw(t, "version"),
+	}
+	if r.Flags&FlagGated != 0 {
+		// A gated request carries its gate in the version field.
+		r.Version, r.Gate = 0, rapid.Uint64().Draw(t, "gate")
 	}
 	if rapid.Bool().Draw(t, "hasPayload") {
 		r.Payload = rapid.SliceOfN(rapid.Byte(), 0, 5000).Draw(t, "payload")
@@ -48,7 +53,7 @@ func genResponse(t *rapid.T) *Response {
 func reqEqual(a, b *Request) bool {
 	return a.Op == b.Op && a.Flags == b.Flags && a.Handle == b.Handle && a.Epoch == b.Epoch &&
 		a.Token == b.Token && a.Object == b.Object && a.Offset == b.Offset && a.Length == b.Length &&
-		a.Version == b.Version && (a.Payload == nil) == (b.Payload == nil) && bytes.Equal(a.Payload, b.Payload)
+		a.Version == b.Version && a.Gate == b.Gate && (a.Payload == nil) == (b.Payload == nil) && bytes.Equal(a.Payload, b.Payload)
 }
 
 // TestRequestRoundTrip: any request encodes and decodes to itself, with
@@ -232,8 +237,48 @@ func TestStringers(t *testing.T) {
 			t.Errorf("status %d has no name: %q", st, s)
 		}
 	}
-	if s := (FlagSync | FlagNoUnmap | 0x40).String(); s != "sync|no-unmap|0x40" {
+	if s := (FlagSync | FlagNoUnmap | FlagGated | 0x40).String(); s != "sync|no-unmap|gated|0x40" {
 		t.Errorf("flags: %q", s)
+	}
+}
+
+// TestGateField: a gated request's gate travels in the version field,
+// and the encoder refuses a request that would lose one of the two.
+func TestGateField(t *testing.T) {
+	var b bytes.Buffer
+	in := &Request{Op: OpWrite, Flags: FlagGated | FlagSync, Gate: 0xabcdef0123456789, Object: 5, Payload: []byte("x")}
+	if err := WriteRequest(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	if got := binary.BigEndian.Uint64(b.Bytes()[48:]); got != in.Gate {
+		t.Fatalf("version field %#x, want the gate %#x", got, in.Gate)
+	}
+	var out Request
+	if err := ReadRequest(&b, &out); err != nil || out.Gate != in.Gate || out.Version != 0 || out.Flags != in.Flags {
+		t.Fatalf("decoded %+v, %v", out, err)
+	}
+	for _, bad := range []*Request{
+		{Op: OpWrite, Flags: FlagGated, Gate: 1, Version: 2, Payload: []byte{}},
+		{Op: OpWrite, Gate: 1, Payload: []byte{}},
+	} {
+		if err := WriteRequest(io.Discard, bad); err == nil {
+			t.Errorf("%+v encoded", bad)
+		}
+	}
+}
+
+func TestSettleIDs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		ids := rapid.SliceOfN(rapid.Uint64(), 1, 100).Draw(t, "ids")
+		got, err := ParseSettleIDs(nil, AppendSettleIDs(nil, ids))
+		if err != nil || !slices.Equal(got, ids) {
+			t.Fatalf("%v, %v; want %v", got, err, ids)
+		}
+	})
+	for _, p := range [][]byte{nil, {}, make([]byte, 7), make([]byte, MaxSettlePayload+8)} {
+		if _, err := ParseSettleIDs(nil, p); !errors.Is(err, ErrPayload) {
+			t.Errorf("%d bytes: %v", len(p), err)
+		}
 	}
 }
 

@@ -180,3 +180,26 @@ func growCap[T any](dst []T, n int) []T {
 	}
 	return dst
 }
+
+// AppendSettleIDs appends the OpSettle payload naming ids to dst: each
+// gate id as a u64, big-endian, in the order given.
+func AppendSettleIDs(dst []byte, ids []uint64) []byte {
+	for _, id := range ids {
+		dst = binary.BigEndian.AppendUint64(dst, id)
+	}
+	return dst
+}
+
+// ParseSettleIDs appends the gate ids of an OpSettle payload to dst. It
+// returns an error wrapping ErrPayload when p is empty, not a whole
+// number of ids, or holds more than MaxSettleIDs.
+func ParseSettleIDs(dst []uint64, p []byte) ([]uint64, error) {
+	if len(p) == 0 || len(p)%8 != 0 || len(p)/8 > MaxSettleIDs {
+		return dst, fmt.Errorf("%w: settle: %d bytes, want 1 to %d ids of 8 bytes", ErrPayload, len(p), MaxSettleIDs)
+	}
+	dst = growCap(dst, len(p)/8)
+	for i := 0; i < len(p); i += 8 {
+		dst = append(dst, binary.BigEndian.Uint64(p[i:]))
+	}
+	return dst, nil
+}

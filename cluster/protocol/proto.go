@@ -34,6 +34,12 @@ const (
 	// MaxHelloPayload bounds the payload of OpHello (the sender's name).
 	MaxHelloPayload = 4096
 
+	// MaxSettleIDs bounds the gate ids of one OpSettle: 8192 ids, 64 KiB
+	// of payload.
+	MaxSettleIDs = 8192
+	// MaxSettlePayload is MaxSettleIDs ids of 8 bytes.
+	MaxSettlePayload = 8 * MaxSettleIDs
+
 	// MaxObjectSpan bounds offset+length of the ops that address bytes
 	// of an object: no object is larger.
 	MaxObjectSpan = 1 << object.MaxSizeShift
@@ -69,10 +75,14 @@ const (
 	// which the node named in Payload is a replica in the request's
 	// epoch: recovery's question "what should I hold, and where is it".
 	OpListFor Op = 14
+	// OpSettle releases gated writes (FlagGated) of the VDI that Object
+	// names: its payload lists gate ids (SettleIDs), which every replica
+	// of their writes has acknowledged, or which the writer gave up on.
+	OpSettle Op = 15
 )
 
 // maxOp is the highest opcode this version knows.
-const maxOp = OpListFor
+const maxOp = OpSettle
 
 // bounds says how an op's Offset and Length are checked before a
 // handler runs.
@@ -83,6 +93,7 @@ const (
 	boundsObject               // Offset+Length ≤ MaxObjectSpan
 	boundsList                 // Offset is a cursor (first ID); Length ≤ MaxListEntries
 	boundsCursor               // Offset is a cursor (first ID); Length is the payload's
+	boundsSettle               // Offset 0; a payload of 1 to MaxSettleIDs gate ids
 )
 
 // opSpec is what the common checks know about one op. The table is the
@@ -108,10 +119,10 @@ type opSpec struct {
 var ops = [...]opSpec{
 	OpHello:       {name: "hello", payload: true, maxPayload: MaxHelloPayload},
 	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
-	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync, write: true},
-	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap, write: true},
-	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync, write: true},
-	OpRemove:      {name: "remove", flags: FlagSync, write: true},
+	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync | FlagGated, write: true},
+	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap | FlagGated, write: true},
+	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync | FlagGated, write: true},
+	OpRemove:      {name: "remove", flags: FlagSync | FlagGated, write: true},
 	OpFlush:       {name: "flush"},
 	OpFence:       {name: "fence"},
 	OpStat:        {name: "stat", flags: FlagRecovery},
@@ -120,6 +131,7 @@ var ops = [...]opSpec{
 	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
 	OpAdmin:       {name: "admin", payload: true},
 	OpListFor:     {name: "list-for", payload: true, maxPayload: MaxHelloPayload, bounds: boundsCursor},
+	OpSettle:      {name: "settle", payload: true, maxPayload: MaxSettlePayload, bounds: boundsSettle},
 }
 
 // Known reports whether this version of the protocol defines op.
@@ -157,6 +169,11 @@ const (
 	// reads another replica, and comes back without the flag only when
 	// none is current.
 	FlagCurrent Flags = 1 << 3
+	// FlagGated marks a gateway's write (OpWrite, OpWriteZeroes,
+	// OpDiscard, OpRemove) as gated: the replica keeps its range from
+	// readers until an OpSettle names its gate id (Request.Gate, carried
+	// in the header's version field).
+	FlagGated Flags = 1 << 4
 
 	// flagPayload is set by the encoder when Length bytes of payload
 	// follow the header. It frames the stream: a receiver can skip the
@@ -164,7 +181,7 @@ const (
 	flagPayload Flags = 1 << 15
 
 	// knownFlags are the flags this version defines for callers.
-	knownFlags = FlagSync | FlagNoUnmap | FlagRecovery | FlagCurrent
+	knownFlags = FlagSync | FlagNoUnmap | FlagRecovery | FlagCurrent | FlagGated
 )
 
 // String lists the flags by name, "sync|no-unmap", or "0".
@@ -190,6 +207,9 @@ func (f Flags) String() string {
 	}
 	if f&FlagCurrent != 0 {
 		add("current")
+	}
+	if f&FlagGated != 0 {
+		add("gated")
 	}
 	if rest := f &^ knownFlags; rest != 0 {
 		add(fmt.Sprintf("%#x", uint16(rest)))

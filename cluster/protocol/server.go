@@ -463,6 +463,10 @@ func check(req *Request, crcOK bool, crc uint32) (Status, string) {
 		if len(req.Payload) == 0 {
 			return StatusEINVAL, fmt.Sprintf("%s: no node named in the payload", req.Op)
 		}
+	case boundsSettle:
+		if req.Offset != 0 || len(req.Payload) == 0 || len(req.Payload)%8 != 0 {
+			return StatusEINVAL, fmt.Sprintf("settle %s: offset %d, payload of %d bytes: want offset 0 and 1 to %d gate ids of 8 bytes", req.Object, req.Offset, len(req.Payload), MaxSettleIDs)
+		}
 	case boundsNone:
 		if req.Offset != 0 || (req.Payload == nil && req.Length != 0) {
 			return StatusEINVAL, fmt.Sprintf("%s %s: offset %d length %d, want 0", req.Op, req.Object, req.Offset, req.Length)
