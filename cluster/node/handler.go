@@ -64,10 +64,19 @@ type Handler struct {
 	// refuses the request with StatusShutdown, which gateways retry.
 	Resync func(ctx context.Context) error
 
+	// GateWait bounds how long a read waits here for an overlapping
+	// gated write to be settled before it is refused with
+	// StatusSuspect, which the gateway retries (on another replica,
+	// then again) until its own timeout: the read of an unavailable
+	// object. Zero means 1 s.
+	GateWait time.Duration
+
 	// changing counts the mutating requests being served, by epoch, so
 	// that recovery of an epoch sees none of an older one land after it
 	// looked (drainOlder).
 	changing admitted
+	// gates holds the ranges of gated writes not settled yet.
+	gates gateTable
 }
 
 // admitted counts requests in progress by epoch. The zero value is
@@ -142,9 +151,10 @@ func recovers(req *protocol.Request) bool {
 }
 
 // epochChecked says whether op carries an epoch that must match: every
-// op on objects does; HELLO and admin requests do not.
+// op on objects does; HELLO, admin and settle requests do not (a settle
+// only lets readers see what every replica acknowledged, in any epoch).
 func epochChecked(op protocol.Op) bool {
-	return op != protocol.OpHello && op != protocol.OpAdmin
+	return op != protocol.OpHello && op != protocol.OpAdmin && op != protocol.OpSettle
 }
 
 // Serve answers one request.
@@ -196,6 +206,10 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			return
 		}
 	}
+	if req.Op == protocol.OpSettle {
+		h.settle(req, resp)
+		return
+	}
 	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList && req.Op != protocol.OpListFor {
 		if err := checkRange(req); err != nil {
 			fail(resp, protocol.StatusEINVAL, err.Error())
@@ -218,7 +232,22 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			return
 		}
 	}
-	h.apply(ctx, req, resp)
+	if req.Flags&protocol.FlagGated != 0 {
+		if !mutating(req.Op) {
+			fail(resp, protocol.StatusEINVAL, fmt.Sprintf("%s %s: only writes are gated", req.Op, req.Object))
+			return
+		}
+		// Before the store sees the write (gate invariant 1).
+		off, end := gatedRange(req)
+		h.gates.install(req.Object, req.Gate, off, end, req.Epoch)
+	}
+	if gatedRead(req) {
+		if !h.readGated(ctx, req, resp) {
+			return // refused while gated: no repair, the copy is fine
+		}
+	} else {
+		h.apply(ctx, req, resp)
+	}
 	if resp.Status == protocol.StatusSuspect && onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Repair != nil {
 		// The copy was found torn (a crash left it so): recover it from
 		// its peers, then serve the request from the repaired copy.
@@ -227,7 +256,11 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			return
 		}
 		resp.Payload = resp.Payload[:0]
-		h.apply(ctx, req, resp)
+		if gatedRead(req) {
+			h.readGated(ctx, req, resp)
+		} else {
+			h.apply(ctx, req, resp)
+		}
 	}
 }
 

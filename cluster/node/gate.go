@@ -1,0 +1,317 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
+)
+
+// gateTable holds the gated ranges of this node's copies: the ranges of
+// gateway writes (protocol.FlagGated) that some replica may not have
+// yet. A read overlapping one waits until it is released, so that no
+// reader sees a write here that a reader of another replica could then
+// miss (docs/protocol.md, "The read model").
+//
+// A gate is released when:
+//
+//  1. an OpSettle names it: every replica acknowledged the write, or
+//     its gateway gave up on it;
+//  2. the node is in a newer epoch than every attempt of the write it
+//     saw, and the object is current here in that epoch (recovered, or
+//     continuously placed here): the write's gateway may be gone, and
+//     recovery has made the copies agree (releaseOld).
+//
+// Invariants:
+//
+//  1. A gate is installed before its write reaches the store, and
+//     removed only after that write returned or by one of the two rules
+//     above.
+//  2. count is the number of gates installed, installs the number of
+//     installations ever; both change only under mu, and installs
+//     grows before a gated write reaches the store. A read that took
+//     its ticket (begin) before an installation sees installs move
+//     (valid), so a read that raced a gated write is never served from
+//     what it read: it goes again.
+//  3. Per object, last is the installs count of the object's newest
+//     installation; an object without gates has no entry.
+//
+// Locking: mu guards objs and ids; it is held for map operations only,
+// never across I/O or while waiting.
+type gateTable struct {
+	count    atomic.Int64
+	installs atomic.Uint64
+
+	mu   sync.Mutex
+	objs map[object.ID]*objGates
+	ids  map[gateKey][]*gate
+}
+
+// gateKey names a gate: a gate id is unique per writer of one VDI.
+type gateKey struct {
+	vdi object.VDI
+	id  uint64
+}
+
+// objGates is the gates of one object.
+type objGates struct {
+	last  uint64 // installs after this object's newest installation
+	gates []*gate
+}
+
+// gate is one gated write on one object: [off, end), the newest epoch
+// it was received in, and done, closed when it is released.
+type gate struct {
+	key      gateKey
+	obj      object.ID
+	off, end int64
+	epoch    uint64
+	done     chan struct{}
+}
+
+// install gates [off, end) of obj for gate id of obj's VDI, received in
+// epoch. The same gate again (a write resent after an epoch change)
+// widens the range and moves the epoch forward.
+func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint64) {
+	k := gateKey{vdi: obj.VDI(), id: id}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.objs == nil {
+		t.objs = map[object.ID]*objGates{}
+		t.ids = map[gateKey][]*gate{}
+	}
+	o := t.objs[obj]
+	if o == nil {
+		o = &objGates{}
+		t.objs[obj] = o
+	}
+	o.last = t.installs.Add(1)
+	for _, g := range t.ids[k] {
+		if g.obj == obj {
+			g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, epoch)
+			return
+		}
+	}
+	g := &gate{key: k, obj: obj, off: off, end: end, epoch: epoch, done: make(chan struct{})}
+	o.gates = append(o.gates, g)
+	t.ids[k] = append(t.ids[k], g)
+	t.count.Add(1)
+}
+
+// settle releases the gates ids of vdi; unknown ids are ignored (the
+// write never reached this node, or an epoch change released it). It
+// returns how many it released.
+func (t *gateTable) settle(vdi object.VDI, ids []uint64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		k := gateKey{vdi: vdi, id: id}
+		for _, g := range t.ids[k] {
+			t.removeLocked(g)
+			n++
+		}
+		delete(t.ids, k)
+	}
+	return n
+}
+
+// removeLocked takes g out of its object's list and releases it; the
+// caller deletes it from ids.
+func (t *gateTable) removeLocked(g *gate) {
+	o := t.objs[g.obj]
+	for i, x := range o.gates {
+		if x == g {
+			o.gates = append(o.gates[:i], o.gates[i+1:]...)
+			break
+		}
+	}
+	if len(o.gates) == 0 {
+		delete(t.objs, g.obj)
+	}
+	t.count.Add(-1)
+	close(g.done)
+}
+
+// releaseOld releases obj's gates received only in epochs before cur
+// when current says obj's copy here is current in cur (release rule 2).
+// It returns how many it released.
+func (t *gateTable) releaseOld(obj object.ID, cur uint64, current func(object.ID, uint64) bool) int {
+	if t.count.Load() == 0 {
+		return 0
+	}
+	t.mu.Lock()
+	o := t.objs[obj]
+	old := false
+	if o != nil {
+		for _, g := range o.gates {
+			old = old || g.epoch < cur
+		}
+	}
+	t.mu.Unlock()
+	if !old || (current != nil && !current(obj, cur)) {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	if o = t.objs[obj]; o == nil {
+		return 0
+	}
+	for _, g := range append([]*gate(nil), o.gates...) {
+		if g.epoch >= cur {
+			continue
+		}
+		t.removeLocked(g)
+		l := t.ids[g.key]
+		for i, x := range l {
+			if x == g {
+				l = append(l[:i], l[i+1:]...)
+				break
+			}
+		}
+		if len(l) == 0 {
+			delete(t.ids, g.key)
+		} else {
+			t.ids[g.key] = l
+		}
+		n++
+	}
+	return n
+}
+
+// begin starts a read of [off, end) of obj. It returns the gate the read
+// must wait for, when one overlaps the range; else a ticket for valid.
+// Without any gate on the node it takes no lock.
+func (t *gateTable) begin(obj object.ID, off, end int64) (ticket uint64, busy *gate) {
+	ticket = t.installs.Load()
+	if t.count.Load() == 0 {
+		return ticket, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o := t.objs[obj]; o != nil {
+		for _, g := range o.gates {
+			if g.off < end && off < g.end {
+				return 0, g
+			}
+		}
+	}
+	return t.installs.Load(), nil
+}
+
+// valid reports whether a read of obj that began with ticket may be
+// served: no gate was installed on obj since. A gate installed and
+// released meanwhile does not matter: its write may be seen.
+func (t *gateTable) valid(obj object.ID, ticket uint64) bool {
+	if t.installs.Load() == ticket {
+		return true
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.objs[obj]
+	return o == nil || o.last <= ticket
+}
+
+// len is the number of gates installed.
+func (t *gateTable) len() int { return int(t.count.Load()) }
+
+// gatedRange is the range of the object a gated write covers: the whole
+// object for OpRemove.
+func gatedRange(req *protocol.Request) (off, end int64) {
+	if req.Op == protocol.OpRemove {
+		return 0, store.MaxObjectSize
+	}
+	return int64(req.Offset), int64(req.Offset) + int64(req.Length)
+}
+
+// gatedRead says whether req answers a gateway with what the object's
+// bytes hold, and so waits for the gates over them: reads, extents and
+// checksums, but not recovery's own requests, which copy the copy as it
+// is (gated writes included) to make replicas agree.
+func gatedRead(req *protocol.Request) bool {
+	switch req.Op {
+	case protocol.OpRead, protocol.OpExtents, protocol.OpChecksum:
+		return req.Flags&protocol.FlagRecovery == 0
+	}
+	return false
+}
+
+// readRange is the range of the object a gated read looks at: the whole
+// object for OpChecksum.
+func readRange(req *protocol.Request) (off, end int64) {
+	if req.Op == protocol.OpChecksum {
+		return 0, store.MaxObjectSize
+	}
+	return int64(req.Offset), int64(req.Offset) + int64(req.Length)
+}
+
+// gatePoll is how often a read waiting for a gate looks whether an epoch
+// change released it (release rule 2).
+const gatePoll = 50 * time.Millisecond
+
+// readGated serves a read through the gates: it waits, at most
+// GateWait, while a gated write overlaps its range, and serves it again
+// when a gate was installed on the object while it read. It returns
+// false when it refused the read without serving it (a gate outlived
+// GateWait, or ctx ended).
+func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *protocol.Response) bool {
+	off, end := readRange(req)
+	var deadline time.Time
+	buf := resp.Payload[:0]
+	for {
+		h.gates.releaseOld(req.Object, h.Epochs.Epoch(), h.Current)
+		ticket, busy := h.gates.begin(req.Object, off, end)
+		if busy == nil {
+			resp.Payload = buf
+			h.apply(ctx, req, resp)
+			if h.gates.valid(req.Object, ticket) {
+				return true
+			}
+			continue
+		}
+		if deadline.IsZero() {
+			wait := h.GateWait
+			if wait == 0 {
+				wait = time.Second
+			}
+			deadline = time.Now().Add(wait)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: a write to %d+%d is not settled on every replica yet", req.Object, busy.off, busy.end-busy.off))
+			return false
+		}
+		timer := time.NewTimer(min(left, gatePoll))
+		select {
+		case <-busy.done:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			fail(resp, protocol.StatusShutdown, fmt.Sprintf("object %s: waiting for a gated write: %v", req.Object, ctx.Err()))
+			return false
+		}
+		timer.Stop()
+	}
+}
+
+// settle serves OpSettle: it releases the gates its payload names.
+func (h *Handler) settle(req *protocol.Request, resp *protocol.Response) {
+	ids, err := protocol.ParseSettleIDs(nil, req.Payload)
+	if err != nil {
+		fail(resp, protocol.StatusEINVAL, err.Error())
+		return
+	}
+	if req.Object.VDI() == 0 {
+		fail(resp, protocol.StatusEINVAL, "settle: VDI id 0")
+		return
+	}
+	h.gates.settle(req.Object.VDI(), ids)
+	resp.Status = protocol.StatusOK
+	resp.Payload = resp.Payload[:0]
+}
