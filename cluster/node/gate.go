@@ -90,17 +90,21 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 		o = &objGates{}
 		t.objs[obj] = o
 	}
-	o.last = t.installs.Add(1)
 	for _, g := range t.ids[k] {
 		if g.obj == obj {
 			g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, epoch)
+			o.last = t.installs.Add(1)
 			return
 		}
 	}
 	g := &gate{key: k, obj: obj, off: off, end: end, epoch: epoch, done: make(chan struct{})}
 	o.gates = append(o.gates, g)
 	t.ids[k] = append(t.ids[k], g)
+	// count before installs: a read that saw installs move without a
+	// gate counted would skip the table (begin's fast path) and pass
+	// valid.
 	t.count.Add(1)
+	o.last = t.installs.Add(1)
 }
 
 // settle releases the gates ids of vdi; unknown ids are ignored (the
@@ -284,7 +288,7 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: a write to %d+%d is not settled on every replica yet", req.Object, busy.off, busy.end-busy.off))
+			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: a write over %d+%d is not settled on every replica yet", req.Object, off, end-off))
 			return false
 		}
 		timer := time.NewTimer(min(left, gatePoll))

@@ -1,0 +1,309 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
+)
+
+// modelGate is the model's view of one gate.
+type modelGate struct {
+	obj      object.ID
+	off, end int64
+	epoch    uint64
+}
+
+// TestGateTableModel runs random installs, settles, epoch releases and
+// reads against a map of gates: a read waits exactly when a model gate
+// overlaps it, a read's ticket goes stale exactly when a gate is
+// installed on its object, and a released gate's channel is closed.
+func TestGateTableModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var tab gateTable
+		model := map[gateKey]modelGate{}
+		objs := []object.ID{object.Make(1, 0), object.Make(1, 1), object.Make(2, 0)}
+		genObj := rapid.SampledFrom(objs)
+		genRange := func(t *rapid.T) (int64, int64) {
+			off := rapid.Int64Range(0, 15).Draw(t, "off") * 4096
+			return off, off + rapid.Int64Range(1, 4).Draw(t, "blocks")*4096
+		}
+		overlapping := func(obj object.ID, off, end int64) bool {
+			for _, g := range model {
+				if g.obj == obj && g.off < end && off < g.end {
+					return true
+				}
+			}
+			return false
+		}
+		// seen keeps the gates begin returned, to check their channels.
+		seen := map[*gate]gateKey{}
+		t.Repeat(map[string]func(*rapid.T){
+			"install": func(t *rapid.T) {
+				obj := genObj.Draw(t, "obj")
+				id := rapid.Uint64Range(1, 8).Draw(t, "id")
+				off, end := genRange(t)
+				ep := rapid.Uint64Range(1, 4).Draw(t, "epoch")
+				k := gateKey{vdi: obj.VDI(), id: id}
+				if g, ok := model[k]; ok && g.obj != obj {
+					t.Skip("one gate id on two objects: the gateway never sends that")
+				}
+				tab.install(obj, id, off, end, ep)
+				g, ok := model[k]
+				if !ok {
+					g = modelGate{obj: obj, off: off, end: end, epoch: ep}
+				}
+				g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, ep)
+				model[k] = g
+			},
+			"settle": func(t *rapid.T) {
+				vdi := object.VDI(rapid.Uint32Range(1, 2).Draw(t, "vdi"))
+				ids := rapid.SliceOfN(rapid.Uint64Range(1, 8), 1, 4).Draw(t, "ids")
+				want := 0
+				for _, id := range ids {
+					if _, ok := model[gateKey{vdi, id}]; ok {
+						want++
+						delete(model, gateKey{vdi, id})
+					}
+				}
+				if got := tab.settle(vdi, ids); got != want {
+					t.Fatalf("settle released %d, want %d", got, want)
+				}
+			},
+			"epoch": func(t *rapid.T) {
+				obj := genObj.Draw(t, "obj")
+				cur := rapid.Uint64Range(1, 5).Draw(t, "cur")
+				recovered := rapid.Bool().Draw(t, "recovered")
+				want := 0
+				if recovered {
+					for k, g := range model {
+						if g.obj == obj && g.epoch < cur {
+							delete(model, k)
+							want++
+						}
+					}
+				}
+				got := tab.releaseOld(obj, cur, func(object.ID, uint64) bool { return recovered })
+				if got != want {
+					t.Fatalf("epoch %d released %d, want %d", cur, got, want)
+				}
+			},
+			"read": func(t *rapid.T) {
+				obj := genObj.Draw(t, "obj")
+				off, end := genRange(t)
+				ticket, busy := tab.begin(obj, off, end)
+				if (busy != nil) != overlapping(obj, off, end) {
+					t.Fatalf("read %s %d-%d: busy %v, model says %v", obj, off, end, busy != nil, !(busy != nil))
+				}
+				if busy != nil {
+					seen[busy] = busy.key
+					return
+				}
+				// A gate installed on the object while the read was under
+				// way invalidates it; one elsewhere does not.
+				if rapid.Bool().Draw(t, "race") {
+					other := genObj.Draw(t, "other")
+					id := rapid.Uint64Range(9, 12).Draw(t, "raceid")
+					k := gateKey{vdi: other.VDI(), id: id}
+					if g, ok := model[k]; ok && g.obj != other {
+						t.Skip("one gate id on two objects")
+					}
+					o, e := genRange(t)
+					tab.install(other, id, o, e, 1)
+					g, ok := model[k]
+					if !ok {
+						g = modelGate{obj: other, off: o, end: e, epoch: 1}
+					}
+					g.off, g.end = min(g.off, o), max(g.end, e)
+					model[k] = g
+					if got := tab.valid(obj, ticket); got != (other != obj) {
+						t.Fatalf("read of %s, gate installed on %s meanwhile: valid %v", obj, other, got)
+					}
+					return
+				}
+				if !tab.valid(obj, ticket) {
+					t.Fatalf("read of %s with nothing installed meanwhile: not valid", obj)
+				}
+			},
+			"": func(t *rapid.T) {
+				if tab.len() != len(model) {
+					t.Fatalf("%d gates, model has %d", tab.len(), len(model))
+				}
+				for g, k := range seen {
+					_, live := model[k]
+					select {
+					case <-g.done:
+						if live && tab.holds(g) {
+							t.Fatalf("gate %v closed while installed", k)
+						}
+					default:
+						if !tab.holds(g) {
+							t.Fatalf("gate %v released but its channel is open", k)
+						}
+					}
+				}
+			},
+		})
+	})
+}
+
+// holds reports whether g is still installed.
+func (t *gateTable) holds(g *gate) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, x := range t.ids[g.key] {
+		if x == g {
+			return true
+		}
+	}
+	return false
+}
+
+// TestGateReadsNeverSeeUnsettled: a writer gates, writes and settles
+// one value after another while readers go through begin and valid. A
+// reader never returns a value whose gate was not released by the time
+// it returns: the ticket catches the write that lands between the look
+// at the gates and the read.
+func TestGateReadsNeverSeeUnsettled(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(5, 0)
+	var data, released atomic.Int64
+	const writes = 20000
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var retries atomic.Int64
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for {
+					ticket, busy := tab.begin(obj, 0, 4096)
+					if busy != nil {
+						<-busy.done
+						continue
+					}
+					x := data.Load()
+					if !tab.valid(obj, ticket) {
+						retries.Add(1)
+						continue
+					}
+					// A write released while the read was under way may be
+					// seen: every replica had it before the release.
+					if settled := released.Load(); x > settled {
+						t.Errorf("read %d; only %d was released when the read ended", x, settled)
+						return
+					}
+					break
+				}
+			}
+		})
+	}
+	for v := int64(1); v <= writes; v++ {
+		tab.install(obj, uint64(v), 0, 4096, 1)
+		data.Store(v)
+		released.Store(v) // before the release, so that readers never see it lag
+		tab.settle(obj.VDI(), []uint64{uint64(v)})
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d reads went again after a gate came meanwhile", retries.Load())
+}
+
+// TestHandlerGatesReads: through the handler, a gated write's range is
+// withheld from reads (and extents) until OpSettle names it; other
+// ranges are served; a read waits at most GateWait and is then refused
+// as suspect without a repair; recovery's reads are not gated; and a
+// gate of an older epoch is released once the object is current in the
+// new one.
+func TestHandlerGatesReads(t *testing.T) {
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ep := &movingEpoch{e: 1}
+	var recovered atomic.Bool
+	repairs := atomic.Int64{}
+	h := &Handler{Store: st, Epochs: ep, GateWait: 300 * time.Millisecond,
+		Current: func(object.ID, uint64) bool { return recovered.Load() },
+		Repair:  func(context.Context, object.ID, uint64) error { repairs.Add(1); return nil }}
+	obj := object.Make(4, 0)
+	serve := func(req *protocol.Request) *protocol.Response {
+		var resp protocol.Response
+		h.Serve(ctx, req, &resp)
+		return &resp
+	}
+	read := func(flags protocol.Flags, off uint64) *protocol.Response {
+		return serve(&protocol.Request{Op: protocol.OpRead, Flags: flags, Epoch: ep.Epoch(), Object: obj, Offset: off, Length: 4096})
+	}
+	if r := serve(&protocol.Request{Op: protocol.OpWrite, Epoch: 1, Token: 1, Object: obj, Length: 8192, Payload: bytes.Repeat([]byte{1}, 8192)}); r.Status != protocol.StatusOK {
+		t.Fatalf("write: %v", r.Status)
+	}
+	if r := serve(&protocol.Request{Op: protocol.OpWrite, Flags: protocol.FlagGated, Gate: 42, Epoch: 1, Token: 1, Object: obj, Length: 4096, Payload: bytes.Repeat([]byte{2}, 4096)}); r.Status != protocol.StatusOK {
+		t.Fatalf("gated write: %v", r.Status)
+	}
+	if r := read(0, 4096); r.Status != protocol.StatusOK || r.Payload[0] != 1 {
+		t.Fatalf("read beside the gate: %v %v", r.Status, r.Payload[:1])
+	}
+	start := time.Now()
+	if r := read(0, 0); r.Status != protocol.StatusSuspect {
+		t.Fatalf("read under the gate: %v, want %v", r.Status, protocol.StatusSuspect)
+	}
+	if w := time.Since(start); w < 250*time.Millisecond || w > 2*time.Second {
+		t.Fatalf("the gated read was refused after %v, want GateWait", w)
+	}
+	if r := serve(&protocol.Request{Op: protocol.OpExtents, Epoch: 1, Object: obj, Length: 4096}); r.Status != protocol.StatusSuspect {
+		t.Fatalf("extents under the gate: %v", r.Status)
+	}
+	if repairs.Load() != 0 {
+		t.Fatalf("a gated read started %d repairs", repairs.Load())
+	}
+	if r := read(protocol.FlagRecovery, 0); r.Status != protocol.StatusOK || r.Payload[0] != 2 {
+		t.Fatalf("recovery's read: %v %v", r.Status, r.Payload[:1])
+	}
+	// A read waiting when the settle comes gets the write.
+	got := make(chan *protocol.Response, 1)
+	go func() { got <- read(0, 0) }()
+	time.Sleep(50 * time.Millisecond)
+	if r := serve(&protocol.Request{Op: protocol.OpSettle, Object: object.Make(4, 0), Payload: protocol.AppendSettleIDs(nil, []uint64{7, 42})}); r.Status != protocol.StatusOK {
+		t.Fatalf("settle: %v", r.Status)
+	}
+	if r := <-got; r.Status != protocol.StatusOK || r.Payload[0] != 2 {
+		t.Fatalf("read after the settle: %v %v", r.Status, r.Payload[:1])
+	}
+	// A gate of epoch 1 outlives its writer: released in epoch 2 once
+	// the object is current here, not before.
+	if r := serve(&protocol.Request{Op: protocol.OpWriteZeroes, Flags: protocol.FlagGated, Gate: 43, Epoch: 1, Token: 1, Object: obj, Length: 4096}); r.Status != protocol.StatusOK {
+		t.Fatalf("gated zeroes: %v", r.Status)
+	}
+	ep.set(2)
+	if r := read(0, 0); r.Status != protocol.StatusSuspect {
+		t.Fatalf("read in epoch 2 before recovery: %v", r.Status)
+	}
+	recovered.Store(true)
+	if r := read(0, 0); r.Status != protocol.StatusOK || r.Payload[0] != 0 {
+		t.Fatalf("read in epoch 2 after recovery: %v %v", r.Status, r.Payload[:1])
+	}
+	if n := h.gates.len(); n != 0 {
+		t.Fatalf("%d gates left", n)
+	}
+	// Only writes are gated; a settle must name ids.
+	if r := serve(&protocol.Request{Op: protocol.OpStat, Flags: protocol.FlagGated, Epoch: 2, Object: obj}); r.Status != protocol.StatusEINVAL {
+		t.Fatalf("gated stat: %v", r.Status)
+	}
+	if r := serve(&protocol.Request{Op: protocol.OpSettle, Object: obj, Payload: []byte{1}}); r.Status != protocol.StatusEINVAL {
+		t.Fatalf("settle of a part id: %v", r.Status)
+	}
+}
