@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -194,6 +195,7 @@ func TestGateReadsNeverSeeUnsettled(t *testing.T) {
 						<-busy.done
 						continue
 					}
+					runtime.Gosched() // the pread takes a while
 					x := data.Load()
 					if !tab.valid(obj, ticket) {
 						retries.Add(1)
@@ -213,6 +215,7 @@ func TestGateReadsNeverSeeUnsettled(t *testing.T) {
 	for v := int64(1); v <= writes; v++ {
 		tab.install(obj, uint64(v), 0, 4096, 1)
 		data.Store(v)
+		runtime.Gosched() // the other replicas take a while to answer
 		released.Store(v) // before the release, so that readers never see it lag
 		tab.settle(obj.VDI(), []uint64{uint64(v)})
 	}
