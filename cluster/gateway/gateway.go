@@ -53,15 +53,24 @@
 //     at once with ErrRevoked (EPERM over NBD), never reaching a node,
 //     reads go on, and Config.Revoked is told once. The token never
 //     becomes good again, so writes under it can never succeed.
+//  9. Every write is gated (protocol.FlagGated) with a gate id unique to
+//     the device: a random base drawn at Open plus a counter. Once the
+//     write has ended on every replica it was sent to, in any attempt,
+//     acknowledged or failed, each of those nodes is sent an OpSettle of
+//     the id, from a settler goroutine per node that batches what is
+//     owed, off the write's acknowledgement; a replica shows no reader
+//     the write's range until then (docs/protocol.md, "The read model").
 //
-// Locking: mu guards dirty, closed, lost and gate only; it is never
-// held across a call to a node, nor while calling Config's hooks.
+// Locking: mu guards dirty, closed, lost and gate only; smu guards the
+// settle queues only; neither is held with the other, across a call to
+// a node, nor while calling Config's hooks.
 package gateway
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -181,6 +190,30 @@ type Device struct {
 	// writing holds, per object, the ranges of the writes under way, so
 	// that overlapping writes go out one after the other (order).
 	writing map[object.ID][]*span
+
+	// gateBase and gateSeq make the device's gate ids: gateBase, drawn
+	// at random at Open, plus 1, 2, 3, … (invariant 9).
+	gateBase uint64
+	gateSeq  atomic.Uint64
+	// ungated sends writes without FlagGated and settles nothing: the
+	// behaviour before gates, for tests that show what gates prevent.
+	ungated bool
+
+	// smu guards settles and settleClosed; it is never held across a
+	// call.
+	smu sync.Mutex
+	// settles is, per node ID, the gate ids that node is owed an
+	// OpSettle for and whether a settler goroutine drains them.
+	settles map[string]*settleQueue
+	// settleClosed is set once Close began: no settler starts after it.
+	settleClosed bool
+	settlers     sync.WaitGroup
+}
+
+// settleQueue is the settles owed to one node.
+type settleQueue struct {
+	ids     []uint64
+	running bool // a settler goroutine drains ids
 }
 
 // span is a write under way on one object: [off, end), and done, closed
@@ -237,7 +270,8 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	if cfg.FenceWait == 0 {
 		cfg.FenceWait = 500 * time.Millisecond
 	}
-	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, gate: make(chan struct{})}
+	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, gate: make(chan struct{}),
+		gateBase: rand.Uint64(), settles: map[string]*settleQueue{}}
 	d.bg, d.stopBG = context.WithCancel(context.Background())
 	close(d.gate)
 	d.size.Store(cfg.Size)
@@ -499,8 +533,9 @@ func (d *Device) SetSize(size int64) error {
 // ReadOnly reports whether the device was opened without a token.
 func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
 
-// Close marks the device closed, and ends and waits for the background
-// fencing of nodes that did not answer Open. It does not flush: the NBD
+// Close marks the device closed, sends the settles it owes (waiting at
+// most 2 s for them), and ends and waits for them and for the
+// background fencing of nodes that did not answer Open. It does not flush: the NBD
 // server and every other user flush before they close, and a VDI's
 // replicas keep what they were sent either way. A second Close returns
 // block.ErrClosed.
@@ -512,7 +547,20 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	d.mu.Unlock()
+	// The settles owed go out first, for at most settleTimeout; a node
+	// that does not take them by then releases the gates with its next
+	// epoch.
+	d.smu.Lock()
+	d.settleClosed = true
+	d.smu.Unlock()
+	settled := make(chan struct{})
+	go func() { d.settlers.Wait(); close(settled) }()
+	select {
+	case <-settled:
+	case <-time.After(settleTimeout):
+	}
 	d.stopBG()
+	<-settled
 	d.fences.Wait()
 	return nil
 }
@@ -818,6 +866,19 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 			return err
 		}
 		defer release()
+		// Every node the write was sent to, in any attempt, is sent a
+		// settle of its gate once the write ended, acknowledged or not
+		// (invariant 9).
+		gid := d.gateBase + d.gateSeq.Add(1)
+		var (
+			smu  sync.Mutex
+			sent []string
+		)
+		defer func() {
+			if !d.ungated {
+				d.settle(gid, sent)
+			}
+		}()
 		return d.retry(ctx, func(ctx context.Context, v *View) error {
 			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
 				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)
@@ -826,17 +887,115 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill fu
 			if err != nil {
 				return err
 			}
-			return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i] }, func(req *protocol.Request) {
+			return d.fanOut(ctx, v, len(nodes), func(i int) string {
+				smu.Lock()
+				if !slices.Contains(sent, nodes[i]) {
+					sent = append(sent, nodes[i])
+				}
+				smu.Unlock()
+				return nodes[i]
+			}, func(req *protocol.Request) {
 				req.Object = pc.obj
 				req.Offset = uint64(pc.off)
 				req.Length = uint32(pc.n)
 				if durable {
 					req.Flags |= protocol.FlagSync
 				}
+				if !d.ungated {
+					req.Flags |= protocol.FlagGated
+					req.Gate = gid
+				}
 				fill(req, pc)
 			}, done)
 		})
 	})
+}
+
+// settle queues an OpSettle of gate id for each of nodes, and starts a
+// settler for a node that has none. It never waits for a node: the
+// settles are off the write's acknowledgement. Once Close began, it
+// sends them itself, each given at most settleTimeout.
+func (d *Device) settle(id uint64, nodes []string) {
+	var late []string
+	d.smu.Lock()
+	for _, n := range nodes {
+		if d.settleClosed {
+			late = append(late, n)
+			continue
+		}
+		q := d.settles[n]
+		if q == nil {
+			q = &settleQueue{}
+			d.settles[n] = q
+		}
+		q.ids = append(q.ids, id)
+		if !q.running {
+			q.running = true
+			d.settlers.Add(1)
+			go d.settler(n)
+		}
+	}
+	d.smu.Unlock()
+	for _, n := range late {
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		d.sendSettle(ctx, n, []uint64{id})
+		cancel()
+	}
+}
+
+// settleTimeout bounds one try of a settle, and how long Close waits
+// for the settles still owed.
+const settleTimeout = 2 * time.Second
+
+// settler sends node id the settles it is owed, as many in one request
+// as there are (at most protocol.MaxSettleIDs), until none is left.
+func (d *Device) settler(id string) {
+	defer d.settlers.Done()
+	for {
+		d.smu.Lock()
+		q := d.settles[id]
+		if len(q.ids) == 0 {
+			delete(d.settles, id)
+			d.smu.Unlock()
+			return
+		}
+		k := min(len(q.ids), protocol.MaxSettleIDs)
+		batch := slices.Clone(q.ids[:k])
+		q.ids = q.ids[k:]
+		d.smu.Unlock()
+		d.sendSettle(d.bg, id, batch)
+	}
+}
+
+// sendSettle sends one OpSettle of ids to node id until it is answered,
+// the node leaves the view (an epoch change then releases its gates:
+// docs/protocol.md, "The read model"), or ctx ends.
+func (d *Device) sendSettle(ctx context.Context, id string, ids []uint64) {
+	payload := protocol.AppendSettleIDs(nil, ids)
+	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		v := d.cfg.Views.View()
+		addr, ok := v.Addr[id]
+		if !ok {
+			return
+		}
+		req := protocol.Request{Op: protocol.OpSettle, Epoch: v.Epoch, Object: object.Make(d.cfg.VDI, 0), Payload: payload}
+		var resp protocol.Response
+		actx, cancel := context.WithTimeout(ctx, settleTimeout)
+		err := d.cfg.Net.Call(actx, addr, &req, &resp)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if s := protocol.StatusOf(err); s == protocol.StatusEINVAL || s == protocol.StatusUnsupported {
+			return // a node that knows no gates holds none
+		}
+		d.refused(id, err)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // WriteAt writes p at off on every replica; with FUA as one sync request
