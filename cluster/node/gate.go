@@ -46,6 +46,8 @@ import (
 type gateTable struct {
 	count    atomic.Int64
 	installs atomic.Uint64
+	// waiters counts the reads between wait and done, on any object.
+	waiters atomic.Int64
 
 	mu   sync.Mutex
 	objs map[object.ID]*objGates
@@ -58,10 +60,16 @@ type gateKey struct {
 	id  uint64
 }
 
-// objGates is the gates of one object.
+// objGates is the gates of one object, and the reads that waited for
+// one of them and have not ended yet.
 type objGates struct {
 	last  uint64 // installs after this object's newest installation
 	gates []*gate
+	// waiting counts the reads that waited for a gate of the object and
+	// are not done; while there are any, new gates on the object wait
+	// (admit), so that a block written back to back is still read.
+	waiting int
+	idle    chan struct{} // closed when waiting falls to 0; nil when nobody waits for that
 }
 
 // gate is one gated write on one object: [off, end), the newest epoch
@@ -135,11 +143,73 @@ func (t *gateTable) removeLocked(g *gate) {
 			break
 		}
 	}
-	if len(o.gates) == 0 {
+	if len(o.gates) == 0 && o.waiting == 0 {
 		delete(t.objs, g.obj)
 	}
 	t.count.Add(-1)
 	close(g.done)
+}
+
+// wait records a read of obj that has to wait for a gate, until done:
+// gates installed on obj meanwhile wait for it (admit).
+func (t *gateTable) wait(obj object.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.objs[obj]
+	if o == nil {
+		// Released meanwhile: the entry keeps the count.
+		o = &objGates{}
+		t.objs[obj] = o
+	}
+	o.waiting++
+	t.waiters.Add(1)
+}
+
+// done ends a read recorded by wait.
+func (t *gateTable) done(obj object.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.objs[obj]
+	t.waiters.Add(-1)
+	if o.waiting--; o.waiting > 0 {
+		return
+	}
+	if o.idle != nil {
+		close(o.idle)
+		o.idle = nil
+	}
+	if len(o.gates) == 0 {
+		delete(t.objs, obj)
+	}
+}
+
+// admit waits, until ctx ends, while reads that waited for a gate of obj
+// are under way: a gated write about to be installed lets them read
+// first, else a block written back to back would keep its readers
+// waiting for ever (each gate released finds the next installed). It
+// returns at once, without a lock, when no read waits on the node.
+func (t *gateTable) admit(ctx context.Context, obj object.ID) {
+	if t.waiters.Load() == 0 {
+		return
+	}
+	for {
+		t.mu.Lock()
+		o := t.objs[obj]
+		if o == nil || o.waiting == 0 {
+			t.mu.Unlock()
+			return
+		}
+		if o.idle == nil {
+			o.idle = make(chan struct{})
+		}
+		idle := o.idle
+		t.mu.Unlock()
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // releaseOld releases obj's gates received only in epochs before cur
@@ -268,6 +338,12 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 	off, end := readRange(req)
 	var deadline time.Time
 	buf := resp.Payload[:0]
+	waited := false
+	defer func() {
+		if waited {
+			h.gates.done(req.Object)
+		}
+	}()
 	for {
 		h.gates.releaseOld(req.Object, h.Epochs.Epoch(), h.Current)
 		ticket, busy := h.gates.begin(req.Object, off, end)
@@ -279,12 +355,12 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 			}
 			continue
 		}
+		if !waited {
+			waited = true
+			h.gates.wait(req.Object)
+		}
 		if deadline.IsZero() {
-			wait := h.GateWait
-			if wait == 0 {
-				wait = time.Second
-			}
-			deadline = time.Now().Add(wait)
+			deadline = time.Now().Add(h.gateWait())
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -318,4 +394,12 @@ func (h *Handler) settle(req *protocol.Request, resp *protocol.Response) {
 	h.gates.settle(req.Object.VDI(), ids)
 	resp.Status = protocol.StatusOK
 	resp.Payload = resp.Payload[:0]
+}
+
+// gateWait is GateWait or its default.
+func (h *Handler) gateWait() time.Duration {
+	if h.GateWait == 0 {
+		return time.Second
+	}
+	return h.GateWait
 }

@@ -237,7 +237,12 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			fail(resp, protocol.StatusEINVAL, fmt.Sprintf("%s %s: only writes are gated", req.Op, req.Object))
 			return
 		}
-		// Before the store sees the write (gate invariant 1).
+		// Reads that waited for an earlier gate go first, at most
+		// GateWait; then the gate, before the store sees the write
+		// (gate invariant 1).
+		actx, cancel := context.WithTimeout(ctx, h.gateWait())
+		h.gates.admit(actx, req.Object)
+		cancel()
 		off, end := gatedRange(req)
 		h.gates.install(req.Object, req.Gate, off, end, req.Epoch)
 	}

@@ -1,0 +1,105 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
+)
+
+// slowWrites delays every write to one node, as a replica that is far
+// away or busy.
+type slowWrites struct {
+	next  gateway.Caller
+	addr  string
+	delay time.Duration
+}
+
+func (s *slowWrites) Call(ctx context.Context, addr string, req *protocol.Request, resp *protocol.Response) error {
+	if addr == s.addr && req.Op == protocol.OpWrite {
+		time.Sleep(s.delay)
+	}
+	return s.next.Call(ctx, addr, req, resp)
+}
+
+// TestReadsNeverGoBackInTime (issue 26): one gateway writes 1, 2, 3, …
+// to a block, each write reaching one of the three replicas 20 ms late,
+// while one reader goes back and forth between two other gateways, one
+// that reads the fast replica first and one that reads the slow one.
+// With gates no read returns less than a read before it. Ungated (the
+// behaviour before gates) the reader goes back in time: the harness
+// requires that it does, so that it can catch the fault it is for.
+func TestReadsNeverGoBackInTime(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ungated bool
+	}{{"gated", false}, {"ungated", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 3, 1)
+			fast, slow := c.nodes[0], c.nodes[2]
+			open := func(token uint64, local string, net gateway.Caller) *gateway.Device {
+				d, err := gateway.Open(ctx, gateway.Config{
+					VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
+					Token: token, Views: gateway.StaticViews{V: c.view}, Net: net, Local: local, RetryTimeout: 5 * time.Second,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { d.Close() })
+				return d
+			}
+			w := open(1, c.nodes[1].id, &slowWrites{next: c.pool, addr: slow.addr, delay: 20 * time.Millisecond})
+			if tc.ungated {
+				gateway.Ungate(w)
+			}
+			readers := []*gateway.Device{open(0, fast.id, c.pool), open(0, slow.id, c.pool)}
+
+			const writes = 30
+			wrote := make(chan error, 1)
+			go func() {
+				p := make([]byte, 4096)
+				for v := uint64(1); v <= writes; v++ {
+					binary.BigEndian.PutUint64(p, v)
+					if _, err := w.WriteAt(ctx, p, 0, 0); err != nil {
+						wrote <- err
+						return
+					}
+				}
+				wrote <- nil
+			}()
+			var (
+				seen, reads, back int
+				p                 = make([]byte, 4096)
+			)
+			for done := false; !done; reads++ {
+				select {
+				case err := <-wrote:
+					if err != nil {
+						t.Fatal(err)
+					}
+					done = true
+				default:
+				}
+				if _, err := readers[reads%2].ReadAt(ctx, p, 0); err != nil {
+					t.Fatal(err)
+				}
+				v := int(binary.BigEndian.Uint64(p))
+				if v < seen {
+					back++
+					if !tc.ungated {
+						t.Errorf("read %d through the gateway on %s returned %d after a read returned %d", reads, []string{"the fast replica", "the slow replica"}[reads%2], v, seen)
+					}
+				}
+				seen = max(seen, v)
+			}
+			t.Logf("%d reads, %d went back in time", reads, back)
+			if tc.ungated && back == 0 {
+				t.Fatalf("ungated, no read of %d went back in time: the harness cannot catch the fault", reads)
+			}
+		})
+	}
+}
