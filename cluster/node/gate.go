@@ -48,6 +48,8 @@ type gateTable struct {
 	installs atomic.Uint64
 	// waiters counts the reads between wait and done, on any object.
 	waiters atomic.Int64
+	// swept is when sweep last ran (unix nanoseconds).
+	swept atomic.Int64
 
 	mu   sync.Mutex
 	objs map[object.ID]*objGates
@@ -259,6 +261,34 @@ func (t *gateTable) releaseOld(obj object.ID, cur uint64, current func(object.ID
 	return n
 }
 
+// sweepEvery is how often at most sweep looks at every gated object.
+const sweepEvery = time.Second
+
+// sweep releases, on every object, the gates that releaseOld would,
+// at most once per sweepEvery (now): gates of writers that died are
+// otherwise released only when their object is read, and until then
+// every read of the node takes begin's slow path.
+func (t *gateTable) sweep(now time.Time, cur uint64, current func(object.ID, uint64) bool) {
+	last := t.swept.Load()
+	if t.count.Load() == 0 || now.UnixNano()-last < int64(sweepEvery) || !t.swept.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	var old []object.ID
+	t.mu.Lock()
+	for obj, o := range t.objs {
+		for _, g := range o.gates {
+			if g.epoch < cur {
+				old = append(old, obj)
+				break
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, obj := range old {
+		t.releaseOld(obj, cur, current)
+	}
+}
+
 // begin starts a read of [off, end) of obj. It returns the gate the read
 // must wait for, when one overlaps the range; else a ticket for valid.
 // Without any gate on the node it takes no lock.
@@ -345,7 +375,9 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 	}()
 	for {
-		h.gates.releaseOld(req.Object, h.Epochs.Epoch(), h.Current)
+		cur := h.Epochs.Epoch()
+		h.gates.sweep(time.Now(), cur, h.Current)
+		h.gates.releaseOld(req.Object, cur, h.Current)
 		ticket, busy := h.gates.begin(req.Object, off, end)
 		if busy == nil {
 			resp.Payload = buf

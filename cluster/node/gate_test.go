@@ -310,3 +310,26 @@ func TestHandlerGatesReads(t *testing.T) {
 		t.Fatalf("settle of a part id: %v", r.Status)
 	}
 }
+
+// TestGateSweep: gates of an older epoch on objects nobody reads are
+// released by a read of another object, at most once per sweepEvery.
+func TestGateSweep(t *testing.T) {
+	var tab gateTable
+	a, b := object.Make(1, 0), object.Make(1, 1)
+	tab.install(a, 1, 0, 4096, 1)
+	tab.install(b, 2, 0, 4096, 2)
+	yes := func(object.ID, uint64) bool { return true }
+	now := time.Now()
+	tab.sweep(now, 2, yes)
+	if tab.len() != 1 {
+		t.Fatalf("%d gates after the sweep of epoch 2, want 1 (b's, of epoch 2)", tab.len())
+	}
+	tab.sweep(now.Add(sweepEvery/2), 3, yes)
+	if tab.len() != 1 {
+		t.Fatalf("a second sweep within sweepEvery ran")
+	}
+	tab.sweep(now.Add(sweepEvery), 3, yes)
+	if tab.len() != 0 {
+		t.Fatalf("%d gates after the sweep of epoch 3", tab.len())
+	}
+}
