@@ -10,6 +10,8 @@
 # tmpfs, size 3) in the same run, interleaved, and prints the ratios.
 #
 # Usage: bench/cluster.sh [VDI SIZE (default 1G)] [RUNTIME s (default 10)] [REPS (default 3)]
+# ONLY=REGEX runs only the jobs whose name matches (ONLY=randread: the
+# 4 KiB random read rows).
 source "$(dirname "$0")/lib.sh"
 SIZE=${1:-1G}
 RUNTIME=${2:-10}
@@ -61,6 +63,7 @@ JOBS=(
 printf '%-18s %9s %9s %11s %s\n' job IOPS MB/s "cpu us/req" "runs (IOPS)"
 for job in "${JOBS[@]}"; do
 	name=${job%% *}; args=${job#* }
+	[[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
 	declare -a io=() bw=() cpu=() pio=() pbw=() pcpu=()
 	for _ in $(seq "$REPS"); do
 		t0=$(node_ticks)
