@@ -390,6 +390,9 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		if !waited {
 			waited = true
 			h.gates.wait(req.Object)
+			if h.Metrics != nil {
+				h.Metrics.gateWaits.Inc()
+			}
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(h.gateWait())

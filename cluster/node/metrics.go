@@ -22,6 +22,7 @@ type Metrics struct {
 	bytesOut   prometheus.Counter
 	Locks      prometheus.Gauge
 	Rejoins    prometheus.Counter
+	gateWaits  prometheus.Counter
 
 	reg prometheus.Registerer
 }
@@ -91,10 +92,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Locks:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
 		Rejoins: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_lease_losses_total", Help: "Times the node lost its membership lease and rejoined (or is rejoining)."}),
-		reg:     reg,
+		gateWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_gate_waits_total",
+			Help: "Reads, extents and checksums that waited for a gated write over their range to be settled (docs/protocol.md, the read model)."}),
+		reg: reg,
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks, m.Rejoins)
+		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks, m.Rejoins, m.gateWaits)
 	}
 	return m
 }
