@@ -103,3 +103,61 @@ func TestReadsNeverGoBackInTime(t *testing.T) {
 		})
 	}
 }
+
+// TestDeadWriterNotSeen (issue 26, after a writer's gateway dies
+// mid-write): a gated write reached one replica of three and its
+// gateway died before the others, so nobody settles it. Until the
+// epoch changes every gateway reads the old data, whichever replica it
+// reads first: the one that holds the write withholds it, and the read
+// goes to another replica. Ungated, the gateway whose local replica
+// took the write reads it, and the others do not.
+func TestDeadWriterNotSeen(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags protocol.Flags
+	}{{"gated", protocol.FlagGated}, {"ungated", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 3, 1)
+			w := c.open(t, nil, 1, 4<<20, 3)
+			old := make([]byte, 4096)
+			old[0] = 1
+			if _, err := w.WriteAt(ctx, old, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			// The dying writer's last write, to the second replica only.
+			req := protocol.Request{Op: protocol.OpWrite, Flags: tc.flags, Epoch: 1, Token: 1, Object: object.Make(7, 0), Payload: make([]byte, 4096)}
+			req.Payload[0] = 2
+			if tc.flags != 0 {
+				req.Gate = 99
+			}
+			var resp protocol.Response
+			if err := c.pool.Call(ctx, c.nodes[1].addr, &req, &resp); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]byte{}
+			for _, n := range c.nodes {
+				d, err := gateway.Open(ctx, gateway.Config{
+					VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
+					Views: gateway.StaticViews{V: c.view}, Net: c.pool, Local: n.id, RetryTimeout: 5 * time.Second,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				p := make([]byte, 4096)
+				if _, err := d.ReadAt(ctx, p, 0); err != nil {
+					t.Fatal(err)
+				}
+				d.Close()
+				got[n.id] = p[0]
+			}
+			agree := got[c.nodes[0].id] == got[c.nodes[1].id] && got[c.nodes[1].id] == got[c.nodes[2].id]
+			switch {
+			case tc.flags != 0 && (!agree || got[c.nodes[0].id] != 1):
+				t.Fatalf("gated: the gateways read %v, want the old byte 1 everywhere", got)
+			case tc.flags == 0 && agree:
+				t.Fatalf("ungated: the gateways agree (%v): the test cannot tell gates from none", got)
+			}
+			t.Logf("first byte read through each node's gateway: %v", got)
+		})
+	}
+}
