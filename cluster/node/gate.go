@@ -22,10 +22,12 @@ import (
 //
 //  1. an OpSettle names it: every replica acknowledged the write, or
 //     its gateway gave up on it;
-//  2. the node is in a newer epoch than every attempt of the write it
-//     saw, and the object is current here in that epoch (recovered, or
-//     continuously placed here): the write's gateway may be gone, and
-//     recovery has made the copies agree (releaseOld).
+//  2. the node has been in a newer epoch than every attempt of the
+//     write it saw for at least the hold (Handler.GateHold), and the
+//     object is current here in that epoch (recovered, or continuously
+//     placed here): a live writer would have resent the write in the
+//     new epoch by then (which renews the gate) or settled it, so its
+//     gateway is gone (releaseOld).
 //
 // Invariants:
 //
@@ -81,7 +83,11 @@ type gate struct {
 	obj      object.ID
 	off, end int64
 	epoch    uint64
-	done     chan struct{}
+	// staleSince is when a release of rule 2 first found the node in
+	// an epoch past epoch; zero until then, and again once the write
+	// is resent in a newer epoch.
+	staleSince time.Time
+	done       chan struct{}
 }
 
 // install gates [off, end) of obj for gate id of obj's VDI, received in
@@ -102,6 +108,9 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 	}
 	for _, g := range t.ids[k] {
 		if g.obj == obj {
+			if epoch > g.epoch {
+				g.staleSince = time.Time{}
+			}
 			g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, epoch)
 			o.last = t.installs.Add(1)
 			return
@@ -214,33 +223,54 @@ func (t *gateTable) admit(ctx context.Context, obj object.ID) {
 	}
 }
 
-// releaseOld releases obj's gates received only in epochs before cur
-// when current says obj's copy here is current in cur (release rule 2).
-// It returns how many it released.
-func (t *gateTable) releaseOld(obj object.ID, cur uint64, current func(object.ID, uint64) bool) int {
+// epochRule is what release rule 2 needs: the node's epoch, the time,
+// the hold, and whether an object is current here in an epoch (nil: it
+// always is).
+type epochRule struct {
+	cur     uint64
+	now     time.Time
+	hold    time.Duration
+	current func(object.ID, uint64) bool
+}
+
+// ripeLocked says whether g is released by r, and notes when g was
+// first seen stale.
+func (r epochRule) ripeLocked(g *gate) bool {
+	if g.epoch >= r.cur {
+		return false
+	}
+	if g.staleSince.IsZero() {
+		g.staleSince = r.now
+	}
+	return r.now.Sub(g.staleSince) >= r.hold
+}
+
+// releaseOld releases obj's gates that rule 2 releases (r). It returns
+// how many it released.
+func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 	if t.count.Load() == 0 {
 		return 0
 	}
 	t.mu.Lock()
-	o := t.objs[obj]
-	old := false
-	if o != nil {
+	ripe := false
+	if o := t.objs[obj]; o != nil {
 		for _, g := range o.gates {
-			old = old || g.epoch < cur
+			ripe = r.ripeLocked(g) || ripe
 		}
 	}
 	t.mu.Unlock()
-	if !old || (current != nil && !current(obj, cur)) {
+	if !ripe || (r.current != nil && !r.current(obj, r.cur)) {
 		return 0
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := 0
-	if o = t.objs[obj]; o == nil {
+	o := t.objs[obj]
+	if o == nil {
 		return 0
 	}
+	n := 0
 	for _, g := range append([]*gate(nil), o.gates...) {
-		if g.epoch >= cur {
+		if !r.ripeLocked(g) {
 			continue
 		}
 		t.removeLocked(g)
@@ -268,16 +298,16 @@ const sweepEvery = time.Second
 // at most once per sweepEvery (now): gates of writers that died are
 // otherwise released only when their object is read, and until then
 // every read of the node takes begin's slow path.
-func (t *gateTable) sweep(now time.Time, cur uint64, current func(object.ID, uint64) bool) {
+func (t *gateTable) sweep(r epochRule) {
 	last := t.swept.Load()
-	if t.count.Load() == 0 || now.UnixNano()-last < int64(sweepEvery) || !t.swept.CompareAndSwap(last, now.UnixNano()) {
+	if t.count.Load() == 0 || r.now.UnixNano()-last < int64(sweepEvery) || !t.swept.CompareAndSwap(last, r.now.UnixNano()) {
 		return
 	}
 	var old []object.ID
 	t.mu.Lock()
 	for obj, o := range t.objs {
 		for _, g := range o.gates {
-			if g.epoch < cur {
+			if g.epoch < r.cur {
 				old = append(old, obj)
 				break
 			}
@@ -285,7 +315,7 @@ func (t *gateTable) sweep(now time.Time, cur uint64, current func(object.ID, uin
 	}
 	t.mu.Unlock()
 	for _, obj := range old {
-		t.releaseOld(obj, cur, current)
+		t.releaseOld(obj, r)
 	}
 }
 
@@ -375,9 +405,9 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 	}()
 	for {
-		cur := h.Epochs.Epoch()
-		h.gates.sweep(time.Now(), cur, h.Current)
-		h.gates.releaseOld(req.Object, cur, h.Current)
+		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), current: h.Current}
+		h.gates.sweep(r)
+		h.gates.releaseOld(req.Object, r)
 		ticket, busy := h.gates.begin(req.Object, off, end)
 		if busy == nil {
 			resp.Payload = buf
@@ -429,6 +459,14 @@ func (h *Handler) settle(req *protocol.Request, resp *protocol.Response) {
 	h.gates.settle(req.Object.VDI(), ids)
 	resp.Status = protocol.StatusOK
 	resp.Payload = resp.Payload[:0]
+}
+
+// gateHold is GateHold or its default.
+func (h *Handler) gateHold() time.Duration {
+	if h.GateHold == 0 {
+		return 5 * time.Second
+	}
+	return h.GateHold
 }
 
 // gateWait is GateWait or its default.

@@ -92,7 +92,7 @@ func TestGateTableModel(t *testing.T) {
 						}
 					}
 				}
-				got := tab.releaseOld(obj, cur, func(object.ID, uint64) bool { return recovered })
+				got := tab.releaseOld(obj, epochRule{cur: cur, now: time.Now(), current: func(object.ID, uint64) bool { return recovered }})
 				if got != want {
 					t.Fatalf("epoch %d released %d, want %d", cur, got, want)
 				}
@@ -239,7 +239,7 @@ func TestHandlerGatesReads(t *testing.T) {
 	ep := &movingEpoch{e: 1}
 	var recovered atomic.Bool
 	repairs := atomic.Int64{}
-	h := &Handler{Store: st, Epochs: ep, GateWait: 300 * time.Millisecond,
+	h := &Handler{Store: st, Epochs: ep, GateWait: 300 * time.Millisecond, GateHold: 100 * time.Millisecond,
 		Current: func(object.ID, uint64) bool { return recovered.Load() },
 		Repair:  func(context.Context, object.ID, uint64) error { repairs.Add(1); return nil }}
 	obj := object.Make(4, 0)
@@ -320,16 +320,46 @@ func TestGateSweep(t *testing.T) {
 	tab.install(b, 2, 0, 4096, 2)
 	yes := func(object.ID, uint64) bool { return true }
 	now := time.Now()
-	tab.sweep(now, 2, yes)
+	tab.sweep(epochRule{cur: 2, now: now, current: yes})
 	if tab.len() != 1 {
 		t.Fatalf("%d gates after the sweep of epoch 2, want 1 (b's, of epoch 2)", tab.len())
 	}
-	tab.sweep(now.Add(sweepEvery/2), 3, yes)
+	tab.sweep(epochRule{cur: 3, now: now.Add(sweepEvery / 2), current: yes})
 	if tab.len() != 1 {
 		t.Fatalf("a second sweep within sweepEvery ran")
 	}
-	tab.sweep(now.Add(sweepEvery), 3, yes)
+	tab.sweep(epochRule{cur: 3, now: now.Add(sweepEvery), current: yes})
 	if tab.len() != 0 {
 		t.Fatalf("%d gates after the sweep of epoch 3", tab.len())
+	}
+}
+
+// TestGateHold: a gate of an older epoch is kept for the hold after it
+// was first found stale, and a resend in the new epoch renews it.
+func TestGateHold(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(1, 0)
+	t0 := time.Now()
+	rule := func(cur uint64, at time.Duration) epochRule {
+		return epochRule{cur: cur, now: t0.Add(at), hold: 5 * time.Second}
+	}
+	tab.install(obj, 1, 0, 4096, 1)
+	if n := tab.releaseOld(obj, rule(2, 0)); n != 0 {
+		t.Fatalf("released at once")
+	}
+	// The live writer resends in epoch 2: no longer stale.
+	tab.install(obj, 1, 0, 4096, 2)
+	if n := tab.releaseOld(obj, rule(2, 10*time.Second)); n != 0 {
+		t.Fatalf("a gate resent in the node's epoch was released")
+	}
+	// Its gateway dies; epoch 3.
+	if n := tab.releaseOld(obj, rule(3, 11*time.Second)); n != 0 {
+		t.Fatalf("released when first found stale")
+	}
+	if n := tab.releaseOld(obj, rule(3, 15*time.Second)); n != 0 {
+		t.Fatalf("released within the hold")
+	}
+	if n := tab.releaseOld(obj, rule(3, 16*time.Second)); n != 1 {
+		t.Fatalf("not released after the hold")
 	}
 }

@@ -70,6 +70,11 @@ type Handler struct {
 	// then again) until its own timeout: the read of an unavailable
 	// object. Zero means 1 s.
 	GateWait time.Duration
+	// GateHold is how long a gate of an older epoch is kept after the
+	// node is first found past that epoch (gate release rule 2), so
+	// that a live writer resends its write in the new epoch first. Zero
+	// means 5 s.
+	GateHold time.Duration
 
 	// changing counts the mutating requests being served, by epoch, so
 	// that recovery of an epoch sees none of an older one land after it
