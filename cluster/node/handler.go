@@ -23,7 +23,9 @@ type Epochs interface {
 
 // Handler serves the node-to-node protocol from a local store. It checks
 // every request's epoch against the node's and leaves fencing tokens to
-// the store, which keeps the highest one per VDI durably.
+// the store, which keeps the highest one per VDI durably. It withholds
+// the ranges of gated writes from readers until they are settled
+// (gate.go).
 type Handler struct {
 	Store  *store.Store
 	Epochs Epochs
