@@ -27,7 +27,12 @@ import (
 //     object is current here in that epoch (recovered, or continuously
 //     placed here): a live writer would have resent the write in the
 //     new epoch by then (which renews the gate) or settled it, so its
-//     gateway is gone (releaseOld).
+//     gateway is gone (releaseOld);
+//  3. it was last installed longer ago than the age limit
+//     (Handler.GateMaxAge): no live writer keeps a write in flight that
+//     long, so its settle was lost (a Close during a network fault) or
+//     its gateway is gone without an epoch change; the node must not
+//     withhold the range for ever.
 //
 // Invariants:
 //
@@ -87,13 +92,15 @@ type gate struct {
 	// an epoch past epoch; zero until then, and again once the write
 	// is resent in a newer epoch.
 	staleSince time.Time
-	done       chan struct{}
+	// at is when the gate was last installed (rule 3).
+	at   time.Time
+	done chan struct{}
 }
 
 // install gates [off, end) of obj for gate id of obj's VDI, received in
-// epoch. The same gate again (a write resent after an epoch change)
-// widens the range and moves the epoch forward.
-func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint64) {
+// epoch at now. The same gate again (a write resent after an epoch
+// change) widens the range and moves the epoch and the time forward.
+func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint64, now time.Time) {
 	k := gateKey{vdi: obj.VDI(), id: id}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -112,11 +119,12 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 				g.staleSince = time.Time{}
 			}
 			g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, epoch)
+			g.at = now
 			o.last = t.installs.Add(1)
 			return
 		}
 	}
-	g := &gate{key: k, obj: obj, off: off, end: end, epoch: epoch, done: make(chan struct{})}
+	g := &gate{key: k, obj: obj, off: off, end: end, epoch: epoch, at: now, done: make(chan struct{})}
 	o.gates = append(o.gates, g)
 	t.ids[k] = append(t.ids[k], g)
 	// count before installs: a read that saw installs move without a
@@ -223,43 +231,47 @@ func (t *gateTable) admit(ctx context.Context, obj object.ID) {
 	}
 }
 
-// epochRule is what release rule 2 needs: the node's epoch, the time,
-// the hold, and whether an object is current here in an epoch (nil: it
-// always is).
+// epochRule is what release rules 2 and 3 need: the node's epoch, the
+// time, the hold, the age limit (0: none), and whether an object is
+// current here in an epoch (nil: it always is).
 type epochRule struct {
 	cur     uint64
 	now     time.Time
 	hold    time.Duration
+	maxAge  time.Duration
 	current func(object.ID, uint64) bool
 }
 
-// ripeLocked says whether g is released by r, and notes when g was
-// first seen stale.
-func (r epochRule) ripeLocked(g *gate) bool {
+// ripeLocked says whether rule 2 (byEpoch, when the object is current)
+// or rule 3 (byAge) releases g, and notes when g was first seen stale.
+func (r epochRule) ripeLocked(g *gate) (byEpoch, byAge bool) {
+	byAge = r.maxAge > 0 && r.now.Sub(g.at) >= r.maxAge
 	if g.epoch >= r.cur {
-		return false
+		return false, byAge
 	}
 	if g.staleSince.IsZero() {
 		g.staleSince = r.now
 	}
-	return r.now.Sub(g.staleSince) >= r.hold
+	return r.now.Sub(g.staleSince) >= r.hold, byAge
 }
 
-// releaseOld releases obj's gates that rule 2 releases (r). It returns
-// how many it released.
+// releaseOld releases obj's gates that rules 2 and 3 release (r). It
+// returns how many it released.
 func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 	if t.count.Load() == 0 {
 		return 0
 	}
 	t.mu.Lock()
-	ripe := false
+	anyEpoch, anyAge := false, false
 	if o := t.objs[obj]; o != nil {
 		for _, g := range o.gates {
-			ripe = r.ripeLocked(g) || ripe
+			e, a := r.ripeLocked(g)
+			anyEpoch, anyAge = anyEpoch || e, anyAge || a
 		}
 	}
 	t.mu.Unlock()
-	if !ripe || (r.current != nil && !r.current(obj, r.cur)) {
+	agreed := anyEpoch && (r.current == nil || r.current(obj, r.cur))
+	if !agreed && !anyAge {
 		return 0
 	}
 	t.mu.Lock()
@@ -270,7 +282,7 @@ func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 	}
 	n := 0
 	for _, g := range append([]*gate(nil), o.gates...) {
-		if !r.ripeLocked(g) {
+		if e, a := r.ripeLocked(g); !a && !(e && agreed) {
 			continue
 		}
 		t.removeLocked(g)
@@ -307,7 +319,7 @@ func (t *gateTable) sweep(r epochRule) {
 	t.mu.Lock()
 	for obj, o := range t.objs {
 		for _, g := range o.gates {
-			if g.epoch < r.cur {
+			if g.epoch < r.cur || r.maxAge > 0 && r.now.Sub(g.at) >= r.maxAge {
 				old = append(old, obj)
 				break
 			}
@@ -405,7 +417,7 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 	}()
 	for {
-		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), current: h.Current}
+		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), maxAge: h.gateMaxAge(), current: h.Current}
 		h.gates.sweep(r)
 		h.gates.releaseOld(req.Object, r)
 		ticket, busy := h.gates.begin(req.Object, off, end)
@@ -467,6 +479,14 @@ func (h *Handler) gateHold() time.Duration {
 		return 5 * time.Second
 	}
 	return h.GateHold
+}
+
+// gateMaxAge is GateMaxAge or its default.
+func (h *Handler) gateMaxAge() time.Duration {
+	if h.GateMaxAge == 0 {
+		return 2 * time.Minute
+	}
+	return h.GateMaxAge
 }
 
 // gateWait is GateWait or its default.

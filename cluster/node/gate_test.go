@@ -57,7 +57,7 @@ func TestGateTableModel(t *testing.T) {
 				if g, ok := model[k]; ok && g.obj != obj {
 					t.Skip("one gate id on two objects: the gateway never sends that")
 				}
-				tab.install(obj, id, off, end, ep)
+				tab.install(obj, id, off, end, ep, time.Now())
 				g, ok := model[k]
 				if !ok {
 					g = modelGate{obj: obj, off: off, end: end, epoch: ep}
@@ -118,7 +118,7 @@ func TestGateTableModel(t *testing.T) {
 						t.Skip("one gate id on two objects")
 					}
 					o, e := genRange(t)
-					tab.install(other, id, o, e, 1)
+					tab.install(other, id, o, e, 1, time.Now())
 					g, ok := model[k]
 					if !ok {
 						g = modelGate{obj: other, off: o, end: e, epoch: 1}
@@ -213,7 +213,7 @@ func TestGateReadsNeverSeeUnsettled(t *testing.T) {
 		})
 	}
 	for v := int64(1); v <= writes; v++ {
-		tab.install(obj, uint64(v), 0, 4096, 1)
+		tab.install(obj, uint64(v), 0, 4096, 1, time.Now())
 		data.Store(v)
 		runtime.Gosched() // the other replicas take a while to answer
 		released.Store(v) // before the release, so that readers never see it lag
@@ -316,8 +316,8 @@ func TestHandlerGatesReads(t *testing.T) {
 func TestGateSweep(t *testing.T) {
 	var tab gateTable
 	a, b := object.Make(1, 0), object.Make(1, 1)
-	tab.install(a, 1, 0, 4096, 1)
-	tab.install(b, 2, 0, 4096, 2)
+	tab.install(a, 1, 0, 4096, 1, time.Now())
+	tab.install(b, 2, 0, 4096, 2, time.Now())
 	yes := func(object.ID, uint64) bool { return true }
 	now := time.Now()
 	tab.sweep(epochRule{cur: 2, now: now, current: yes})
@@ -343,12 +343,12 @@ func TestGateHold(t *testing.T) {
 	rule := func(cur uint64, at time.Duration) epochRule {
 		return epochRule{cur: cur, now: t0.Add(at), hold: 5 * time.Second}
 	}
-	tab.install(obj, 1, 0, 4096, 1)
+	tab.install(obj, 1, 0, 4096, 1, t0)
 	if n := tab.releaseOld(obj, rule(2, 0)); n != 0 {
 		t.Fatalf("released at once")
 	}
 	// The live writer resends in epoch 2: no longer stale.
-	tab.install(obj, 1, 0, 4096, 2)
+	tab.install(obj, 1, 0, 4096, 2, t0.Add(time.Second))
 	if n := tab.releaseOld(obj, rule(2, 10*time.Second)); n != 0 {
 		t.Fatalf("a gate resent in the node's epoch was released")
 	}
@@ -361,5 +361,26 @@ func TestGateHold(t *testing.T) {
 	}
 	if n := tab.releaseOld(obj, rule(3, 16*time.Second)); n != 1 {
 		t.Fatalf("not released after the hold")
+	}
+}
+
+// TestGateMaxAge: a gate whose settle never comes, with no epoch change,
+// is released once it was last installed longer ago than the age
+// limit, object current or not; a resend renews it.
+func TestGateMaxAge(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(1, 0)
+	t0 := time.Now()
+	no := func(object.ID, uint64) bool { return false }
+	rule := func(at time.Duration) epochRule {
+		return epochRule{cur: 1, now: t0.Add(at), hold: time.Second, maxAge: time.Minute, current: no}
+	}
+	tab.install(obj, 1, 0, 4096, 1, t0)
+	tab.install(obj, 1, 0, 4096, 1, t0.Add(30*time.Second))
+	if n := tab.releaseOld(obj, rule(time.Minute)); n != 0 {
+		t.Fatalf("released a minute after the first install, 30 s after the resend")
+	}
+	if n := tab.releaseOld(obj, rule(90*time.Second)); n != 1 {
+		t.Fatalf("not released a minute after the last install")
 	}
 }

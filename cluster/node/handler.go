@@ -77,6 +77,12 @@ type Handler struct {
 	// that a live writer resends its write in the new epoch first. Zero
 	// means 5 s.
 	GateHold time.Duration
+	// GateMaxAge is how long after its last installation a gate is
+	// released whatever else happened (gate release rule 3): a settle
+	// lost while the writer lives on must not withhold a range for
+	// ever. Zero means 2 min, four times a gateway's default IO
+	// timeout.
+	GateMaxAge time.Duration
 
 	// changing counts the mutating requests being served, by epoch, so
 	// that recovery of an epoch sees none of an older one land after it
@@ -251,7 +257,7 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		h.gates.admit(actx, req.Object)
 		cancel()
 		off, end := gatedRange(req)
-		h.gates.install(req.Object, req.Gate, off, end, req.Epoch)
+		h.gates.install(req.Object, req.Gate, off, end, req.Epoch, time.Now())
 	}
 	if gatedRead(req) {
 		if !h.readGated(ctx, req, resp) {
