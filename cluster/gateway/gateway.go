@@ -535,8 +535,8 @@ func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
 
 // Close marks the device closed, sends the settles it owes (waiting at
 // most 2 s for them), and ends and waits for them and for the
-// background fencing of nodes that did not answer Open. It does not flush: the NBD
-// server and every other user flush before they close, and a VDI's
+// background fencing of nodes that did not answer Open. It does not
+// flush: the NBD server and every other user flush before they close, and a VDI's
 // replicas keep what they were sent either way. A second Close returns
 // block.ErrClosed.
 func (d *Device) Close() error {
@@ -549,7 +549,7 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	// The settles owed go out first, for at most settleTimeout; a node
 	// that does not take them by then releases the gates with its next
-	// epoch.
+	// epoch, or after the node's age limit (docs/protocol.md).
 	d.smu.Lock()
 	d.settleClosed = true
 	d.smu.Unlock()
