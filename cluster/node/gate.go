@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,8 +54,9 @@ import (
 type gateTable struct {
 	count    atomic.Int64
 	installs atomic.Uint64
-	// waiters counts the reads between wait and done, on any object.
-	waiters atomic.Int64
+	// draining counts the released gates whose waiting reads have not
+	// all ended, on any object.
+	draining atomic.Int64
 	// swept is when sweep last ran (unix nanoseconds).
 	swept atomic.Int64
 
@@ -74,11 +76,10 @@ type gateKey struct {
 type objGates struct {
 	last  uint64 // installs after this object's newest installation
 	gates []*gate
-	// waiting counts the reads that waited for a gate of the object and
-	// are not done; while there are any, new gates on the object wait
+	// draining is the released gates that reads waited for and that
+	// have not all ended: a new gate over their range waits for them
 	// (admit), so that a block written back to back is still read.
-	waiting int
-	idle    chan struct{} // closed when waiting falls to 0; nil when nobody waits for that
+	draining []*gate
 }
 
 // gate is one gated write on one object: [off, end), the newest epoch
@@ -95,6 +96,11 @@ type gate struct {
 	// at is when the gate was last installed (rule 3).
 	at   time.Time
 	done chan struct{}
+	// waiters counts the reads waiting for the gate, or woken by its
+	// release and not ended yet; drained is closed when that falls to 0
+	// after the release (nil until admit needs it).
+	waiters int
+	drained chan struct{}
 }
 
 // install gates [off, end) of obj for gate id of obj's VDI, received in
@@ -162,69 +168,82 @@ func (t *gateTable) removeLocked(g *gate) {
 			break
 		}
 	}
-	if len(o.gates) == 0 && o.waiting == 0 {
+	if g.waiters > 0 {
+		o.draining = append(o.draining, g)
+		t.draining.Add(1)
+	}
+	if len(o.gates) == 0 && len(o.draining) == 0 {
 		delete(t.objs, g.obj)
 	}
 	t.count.Add(-1)
 	close(g.done)
 }
 
-// wait records a read of obj that has to wait for a gate, until done:
-// gates installed on obj meanwhile wait for it (admit).
-func (t *gateTable) wait(obj object.ID) {
+// wait records a read waiting for g until unwait: once g is released,
+// a gate installed over g's range waits for the read (admit).
+func (t *gateTable) wait(g *gate) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o := t.objs[obj]
-	if o == nil {
-		// Released meanwhile: the entry keeps the count.
-		o = &objGates{}
-		t.objs[obj] = o
-	}
-	o.waiting++
-	t.waiters.Add(1)
+	g.waiters++
 }
 
-// done ends a read recorded by wait.
-func (t *gateTable) done(obj object.ID) {
+// unwait ends a wait for g: the read was served or gave up, or waits
+// for another gate now.
+func (t *gateTable) unwait(g *gate) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	o := t.objs[obj]
-	t.waiters.Add(-1)
-	if o.waiting--; o.waiting > 0 {
+	if g.waiters--; g.waiters > 0 {
 		return
 	}
-	if o.idle != nil {
-		close(o.idle)
-		o.idle = nil
+	select {
+	case <-g.done:
+	default:
+		return // still installed: not draining
 	}
-	if len(o.gates) == 0 {
-		delete(t.objs, obj)
+	o := t.objs[g.obj]
+	if i := slices.Index(o.draining, g); i >= 0 {
+		o.draining = slices.Delete(o.draining, i, i+1)
+		t.draining.Add(-1)
+	}
+	if g.drained != nil {
+		close(g.drained)
+	}
+	if len(o.gates) == 0 && len(o.draining) == 0 {
+		delete(t.objs, g.obj)
 	}
 }
 
-// admit waits, until ctx ends, while reads that waited for a gate of obj
-// are under way: a gated write about to be installed lets them read
+// admit waits, until ctx ends, while reads woken by the release of a
+// gate over [off, end) of obj are still under way: a gated write about
+// to be installed lets the reads that waited for the one before it go
 // first, else a block written back to back would keep its readers
-// waiting for ever (each gate released finds the next installed). It
-// returns at once, without a lock, when no read waits on the node.
-func (t *gateTable) admit(ctx context.Context, obj object.ID) {
-	if t.waiters.Load() == 0 {
+// waiting for ever (each release finding the next gate installed).
+// Reads that came after the release do not hold it up. It returns at
+// once, without a lock, when no released gate is draining.
+func (t *gateTable) admit(ctx context.Context, obj object.ID, off, end int64) {
+	if t.draining.Load() == 0 {
 		return
 	}
 	for {
 		t.mu.Lock()
-		o := t.objs[obj]
-		if o == nil || o.waiting == 0 {
-			t.mu.Unlock()
+		var ch chan struct{}
+		if o := t.objs[obj]; o != nil {
+			for _, g := range o.draining {
+				if g.off < end && off < g.end {
+					if g.drained == nil {
+						g.drained = make(chan struct{})
+					}
+					ch = g.drained
+					break
+				}
+			}
+		}
+		t.mu.Unlock()
+		if ch == nil {
 			return
 		}
-		if o.idle == nil {
-			o.idle = make(chan struct{})
-		}
-		idle := o.idle
-		t.mu.Unlock()
 		select {
-		case <-idle:
+		case <-ch:
 		case <-ctx.Done():
 			return
 		}
@@ -410,10 +429,10 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 	off, end := readRange(req)
 	var deadline time.Time
 	buf := resp.Payload[:0]
-	waited := false
+	var waitingFor *gate
 	defer func() {
-		if waited {
-			h.gates.done(req.Object)
+		if waitingFor != nil {
+			h.gates.unwait(waitingFor)
 		}
 	}()
 	for {
@@ -429,12 +448,15 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 			}
 			continue
 		}
-		if !waited {
-			waited = true
-			h.gates.wait(req.Object)
-			if h.Metrics != nil {
+		if waitingFor != busy {
+			if waitingFor == nil && h.Metrics != nil {
 				h.Metrics.gateWaits.Inc()
 			}
+			if waitingFor != nil {
+				h.gates.unwait(waitingFor)
+			}
+			waitingFor = busy
+			h.gates.wait(busy)
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(h.gateWait())

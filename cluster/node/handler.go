@@ -253,10 +253,10 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		// Reads that waited for an earlier gate go first, at most
 		// GateWait; then the gate, before the store sees the write
 		// (gate invariant 1).
-		actx, cancel := context.WithTimeout(ctx, h.gateWait())
-		h.gates.admit(actx, req.Object)
-		cancel()
 		off, end := gatedRange(req)
+		actx, cancel := context.WithTimeout(ctx, h.gateWait())
+		h.gates.admit(actx, req.Object, off, end)
+		cancel()
 		h.gates.install(req.Object, req.Gate, off, end, req.Epoch, time.Now())
 	}
 	if gatedRead(req) {
