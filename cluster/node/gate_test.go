@@ -384,3 +384,45 @@ func TestGateMaxAge(t *testing.T) {
 		t.Fatalf("not released a minute after the last install")
 	}
 }
+
+// TestGateAdmit: a gate released while a read waited for it holds up a
+// new gate over its range until that read ends, and no other; reads
+// that wait for a gate still installed hold up nothing.
+func TestGateAdmit(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(1, 0)
+	now := time.Now()
+	tab.install(obj, 1, 0, 4096, 1, now)
+	_, g := tab.begin(obj, 0, 4096)
+	if g == nil {
+		t.Fatal("no gate over the range")
+	}
+	tab.wait(g)
+	admittedWithin := func(off, end int64, d time.Duration) bool {
+		actx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		tab.admit(actx, obj, off, end)
+		return actx.Err() == nil
+	}
+	admitted := func(off, end int64) bool { return admittedWithin(off, end, 20*time.Millisecond) }
+	if !admitted(0, 4096) {
+		t.Fatal("a read waiting for an installed gate held up a new one")
+	}
+	tab.settle(obj.VDI(), []uint64{1})
+	if admitted(0, 4096) {
+		t.Fatal("a read woken by the release did not hold up a new gate over its range")
+	}
+	if !admitted(4096, 8192) {
+		t.Fatal("a new gate elsewhere was held up")
+	}
+	done := make(chan bool)
+	go func() { done <- admittedWithin(0, 4096, 10*time.Second) }()
+	time.Sleep(5 * time.Millisecond)
+	tab.unwait(g)
+	if !<-done {
+		t.Fatal("the end of the read did not let the new gate in")
+	}
+	if tab.draining.Load() != 0 || len(tab.objs) != 0 {
+		t.Fatalf("draining %d, %d objects left", tab.draining.Load(), len(tab.objs))
+	}
+}
