@@ -25,10 +25,12 @@ import (
 //     its gateway gave up on it;
 //  2. the node has been in a newer epoch than every attempt of the
 //     write it saw for at least the hold (Handler.GateHold), and the
-//     object is current here in that epoch (recovered, or continuously
-//     placed here): a live writer would have resent the write in the
-//     new epoch by then (which renews the gate) or settled it, so its
-//     gateway is gone (releaseOld);
+//     object's copies agree in that epoch (Handler.Agreed: this one is
+//     current and every replica's has its version): a live writer
+//     would have resent the write in the new epoch by then (which
+//     renews the gate) or settled it, so its gateway is gone, and no
+//     reader of another replica can miss what this one shows
+//     (releaseOld);
 //  3. it was last installed longer ago than the age limit
 //     (Handler.GateMaxAge): no live writer keeps a write in flight that
 //     long, so its settle was lost (a Close during a network fault) or
@@ -80,7 +82,14 @@ type objGates struct {
 	// have not all ended: a new gate over their range waits for them
 	// (admit), so that a block written back to back is still read.
 	draining []*gate
+	// asked is when release rule 2 last asked whether the object's
+	// copies agree (at most every agreePause: it costs a stat on every
+	// replica).
+	asked time.Time
 }
+
+// agreePause is how often at most rule 2 asks about one object.
+const agreePause = 250 * time.Millisecond
 
 // gate is one gated write on one object: [off, end), the newest epoch
 // it was received in, and done, closed when it is released.
@@ -287,6 +296,13 @@ func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 			e, a := r.ripeLocked(g)
 			anyEpoch, anyAge = anyEpoch || e, anyAge || a
 		}
+		if anyEpoch && r.current != nil {
+			if r.now.Sub(o.asked) < agreePause {
+				anyEpoch = false // asked a moment ago
+			} else {
+				o.asked = r.now
+			}
+		}
 	}
 	t.mu.Unlock()
 	agreed := anyEpoch && (r.current == nil || r.current(obj, r.cur))
@@ -436,7 +452,11 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 	}()
 	for {
-		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), maxAge: h.gateMaxAge(), current: h.Current}
+		agreed := h.Agreed
+		if agreed == nil {
+			agreed = h.Current
+		}
+		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), maxAge: h.gateMaxAge(), current: agreed}
 		h.gates.sweep(r)
 		h.gates.releaseOld(req.Object, r)
 		ticket, busy := h.gates.begin(req.Object, off, end)

@@ -45,6 +45,7 @@ func TestGateTableModel(t *testing.T) {
 			}
 			return false
 		}
+		clock := time.Now()
 		// seen keeps the gates begin returned, to check their channels.
 		seen := map[*gate]gateKey{}
 		t.Repeat(map[string]func(*rapid.T){
@@ -92,7 +93,10 @@ func TestGateTableModel(t *testing.T) {
 						}
 					}
 				}
-				got := tab.releaseOld(obj, epochRule{cur: cur, now: time.Now(), current: func(object.ID, uint64) bool { return recovered }})
+				// Each look is agreePause after the one before, so that
+				// the agreement check is never skipped for having just run.
+				clock = clock.Add(agreePause)
+				got := tab.releaseOld(obj, epochRule{cur: cur, now: clock, current: func(object.ID, uint64) bool { return recovered }})
 				if got != want {
 					t.Fatalf("epoch %d released %d, want %d", cur, got, want)
 				}
@@ -424,5 +428,27 @@ func TestGateAdmit(t *testing.T) {
 	}
 	if tab.draining.Load() != 0 || len(tab.objs) != 0 {
 		t.Fatalf("draining %d, %d objects left", tab.draining.Load(), len(tab.objs))
+	}
+}
+
+// TestGateAgreePause: rule 2 asks whether an object's copies agree at
+// most once per agreePause, and releases once they do.
+func TestGateAgreePause(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(1, 0)
+	t0 := time.Now()
+	asked, agree := 0, false
+	rule := func(at time.Duration) epochRule {
+		return epochRule{cur: 2, now: t0.Add(at), current: func(object.ID, uint64) bool { asked++; return agree }}
+	}
+	tab.install(obj, 1, 0, 4096, 1, t0)
+	tab.releaseOld(obj, rule(0))
+	tab.releaseOld(obj, rule(agreePause/2))
+	if asked != 1 {
+		t.Fatalf("asked %d times within agreePause", asked)
+	}
+	agree = true
+	if n := tab.releaseOld(obj, rule(agreePause)); n != 1 || asked != 2 {
+		t.Fatalf("released %d after %d questions", n, asked)
 	}
 }

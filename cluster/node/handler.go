@@ -47,6 +47,11 @@ type Handler struct {
 	// Current, when not nil, says without waiting whether obj's copy is
 	// known current in epoch (FlagCurrent).
 	Current func(obj object.ID, epoch uint64) bool
+	// Agreed, when not nil, says whether obj's copies agree in epoch:
+	// this one is current and every replica's has its version. Gate
+	// release rule 2 asks it (gate.go), at most every agreePause per
+	// object; nil means Current.
+	Agreed func(obj object.ID, epoch uint64) bool
 	// Repair, when not nil, recovers a copy the store found suspect
 	// while serving a request; the request is then served again.
 	Repair func(ctx context.Context, obj object.ID, epoch uint64) error

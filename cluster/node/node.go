@@ -290,7 +290,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		guard.run(wctx)
 	}()
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.live,
-		Ready: n.rec.ready, Current: n.rec.current, Repair: n.rec.repair, ListFor: n.listFor,
+		Ready: n.rec.ready, Current: n.rec.current, Agreed: n.rec.agreed, Repair: n.rec.repair, ListFor: n.listFor,
 		Resync: guard.check}
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
