@@ -40,8 +40,10 @@ import (
 // Invariants:
 //
 //  1. A gate is installed before its write reaches the store, and
-//     removed only after that write returned or by one of the two rules
-//     above.
+//     removed only by one of the three rules above. (A write that
+//     reaches the handler after its settle, delayed there while its
+//     gateway had given up on that attempt, installs a gate that only
+//     rules 2 and 3 release.)
 //  2. count is the number of gates installed, installs the number of
 //     installations ever; both change only under mu, and installs
 //     grows before a gated write reaches the store. A read that took
@@ -49,7 +51,8 @@ import (
 //     (valid), so a read that raced a gated write is never served from
 //     what it read: it goes again.
 //  3. Per object, last is the installs count of the object's newest
-//     installation; an object without gates has no entry.
+//     installation; an object with neither gates nor draining ones has
+//     no entry.
 //
 // Locking: mu guards objs and ids; it is held for map operations only,
 // never across I/O or while waiting.
