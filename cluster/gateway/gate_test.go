@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -272,5 +273,93 @@ func TestGatewayHistory(t *testing.T) {
 				t.Fatalf("ungated, no read went back in time: the test cannot catch the fault")
 			}
 		})
+	}
+}
+
+// settleCounter counts the gate ids settled per node, and the writes'
+// gate ids.
+type settleCounter struct {
+	next  gateway.Caller
+	mu    sync.Mutex
+	gates map[string]map[uint64]int // by address: gate id → writes sent
+	settl map[string]map[uint64]int // by address: gate id → settles
+}
+
+func (s *settleCounter) Call(ctx context.Context, addr string, req *protocol.Request, resp *protocol.Response) error {
+	s.mu.Lock()
+	switch {
+	case req.Op.Writes():
+		if req.Flags&protocol.FlagGated == 0 {
+			s.mu.Unlock()
+			return fmt.Errorf("an ungated %s", req.Op)
+		}
+		s.gates[addr][req.Gate]++
+	case req.Op == protocol.OpSettle:
+		ids, err := protocol.ParseSettleIDs(nil, req.Payload)
+		if err != nil {
+			s.mu.Unlock()
+			return err
+		}
+		for _, id := range ids {
+			s.settl[addr][id]++
+		}
+	}
+	s.mu.Unlock()
+	return s.next.Call(ctx, addr, req, resp)
+}
+
+// TestSettles: every gated write is settled once on every replica it
+// reached, off the acknowledgement, in batches; every write piece has
+// its own gate id; Close waits for the settles owed.
+func TestSettles(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	sc := &settleCounter{next: c.pool, gates: map[string]map[uint64]int{}, settl: map[string]map[uint64]int{}}
+	for _, n := range c.nodes {
+		sc.gates[n.addr], sc.settl[n.addr] = map[uint64]int{}, map[uint64]int{}
+	}
+	d, err := gateway.Open(ctx, gateway.Config{
+		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
+		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	pieces := 0
+	for i := range 15 {
+		// Writes within objects (1 MiB) and across their boundaries
+		// (every fourth).
+		off := int64(i+1)*(256<<10) - 4096
+		pieces += int((off+8192-1)>>object.MinSizeShift - off>>object.MinSizeShift + 1)
+		wg.Go(func() {
+			if _, err := d.WriteAt(ctx, make([]byte, 8192), off, 0); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := d.Discard(ctx, 0, 1<<20, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if pieces != 18 {
+		t.Fatalf("%d pieces: the writes do not cross objects as meant", pieces)
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for _, n := range c.nodes {
+		if got := len(sc.gates[n.addr]); got != pieces+1 {
+			t.Errorf("node %s got %d gate ids, want %d (one per write piece, one for the remove)", n.id, got, pieces+1)
+		}
+		for id := range sc.gates[n.addr] {
+			if sc.settl[n.addr][id] != 1 {
+				t.Errorf("node %s: gate %#x settled %d times", n.id, id, sc.settl[n.addr][id])
+			}
+		}
+		if len(sc.settl[n.addr]) != len(sc.gates[n.addr]) {
+			t.Errorf("node %s: %d gates settled, %d sent", n.id, len(sc.settl[n.addr]), len(sc.gates[n.addr]))
+		}
 	}
 }
