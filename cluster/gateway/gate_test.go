@@ -363,3 +363,39 @@ func TestSettles(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedWriteSettles: a write refused for good (a stale token) is
+// settled on every replica it was sent to all the same.
+func TestFailedWriteSettles(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	sc := &settleCounter{next: c.pool, gates: map[string]map[uint64]int{}, settl: map[string]map[uint64]int{}}
+	for _, n := range c.nodes {
+		sc.gates[n.addr], sc.settl[n.addr] = map[uint64]int{}, map[uint64]int{}
+	}
+	d, err := gateway.Open(ctx, gateway.Config{
+		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
+		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		var resp protocol.Response
+		if err := c.pool.Call(ctx, n.addr, &protocol.Request{Op: protocol.OpFence, Epoch: 1, Token: 5, Object: object.Make(7, 0)}, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.WriteAt(ctx, make([]byte, 4096), 0, 0); err == nil {
+		t.Fatal("a write with a stale token succeeded")
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for _, n := range c.nodes {
+		if len(sc.gates[n.addr]) != 1 || len(sc.settl[n.addr]) != 1 {
+			t.Errorf("node %s: %d gates sent, %d settled; want 1 and 1", n.id, len(sc.gates[n.addr]), len(sc.settl[n.addr]))
+		}
+	}
+}
