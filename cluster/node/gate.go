@@ -455,13 +455,15 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 		}
 	}()
 	for {
-		agreed := h.Agreed
-		if agreed == nil {
-			agreed = h.Current
+		if h.gates.len() > 0 {
+			agreed := h.Agreed
+			if agreed == nil {
+				agreed = h.Current
+			}
+			r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), maxAge: h.gateMaxAge(), current: agreed}
+			h.gates.sweep(r)
+			h.gates.releaseOld(req.Object, r)
 		}
-		r := epochRule{cur: h.Epochs.Epoch(), now: time.Now(), hold: h.gateHold(), maxAge: h.gateMaxAge(), current: agreed}
-		h.gates.sweep(r)
-		h.gates.releaseOld(req.Object, r)
 		ticket, busy := h.gates.begin(req.Object, off, end)
 		if busy == nil {
 			resp.Payload = buf
