@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -450,5 +451,28 @@ func TestGateAgreePause(t *testing.T) {
 	agree = true
 	if n := tab.releaseOld(obj, rule(agreePause)); n != 1 || asked != 2 {
 		t.Fatalf("released %d after %d questions", n, asked)
+	}
+}
+
+// BenchmarkGateRead is the gate table's cost per read: begin and valid
+// with no gate on the node (the lock-free path), and with gates on
+// other objects (the mutex and a map lookup).
+func BenchmarkGateRead(b *testing.B) {
+	for _, gates := range []int{0, 16} {
+		b.Run(fmt.Sprintf("gates=%d", gates), func(b *testing.B) {
+			var tab gateTable
+			for i := range gates {
+				tab.install(object.Make(2, uint32(i)), uint64(i+1), 0, 4096, 1, time.Now())
+			}
+			obj := object.Make(1, 0)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					ticket, busy := tab.begin(obj, 0, 4096)
+					if busy != nil || !tab.valid(obj, ticket) {
+						b.Fatal("a read of an ungated object waited")
+					}
+				}
+			})
+		})
 	}
 }
