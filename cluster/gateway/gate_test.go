@@ -399,3 +399,41 @@ func TestFailedWriteSettles(t *testing.T) {
 		}
 	}
 }
+
+// TestGatedEverywhereFails: a write gated on every replica and never
+// settled (its gateway died after every acknowledgement, before its
+// settles; no epoch change yet) makes reads of its range fail once the
+// gateway's retries are over: an error, never zeros, never a hang.
+// Reads elsewhere in the object are served.
+func TestGatedEverywhereFails(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	for _, n := range c.nodes {
+		req := protocol.Request{Op: protocol.OpWrite, Flags: protocol.FlagGated, Gate: 1, Epoch: 1, Token: 1, Object: object.Make(7, 0), Payload: []byte("gated, never settled")}
+		var resp protocol.Response
+		if err := c.pool.Call(ctx, n.addr, &req, &resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := gateway.Open(ctx, gateway.Config{
+		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
+		Views: gateway.StaticViews{V: c.view}, Net: c.pool, Local: c.nodes[0].id, RetryTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	p := make([]byte, 4096)
+	if _, err := d.ReadAt(ctx, p, 4096); err != nil {
+		t.Fatalf("a read beside the gate: %v", err)
+	}
+	start := time.Now()
+	_, err = d.ReadAt(ctx, p, 0)
+	took := time.Since(start)
+	t.Logf("after %v: %v", took.Round(time.Millisecond), err)
+	if err == nil {
+		t.Fatalf("a read of a range gated everywhere returned %q", p[:20])
+	}
+	if took > 10*time.Second {
+		t.Fatalf("the read took %v to fail", took)
+	}
+}

@@ -104,7 +104,7 @@ func startNode(t *testing.T, id string, ep uint64, dir string) *testNode {
 		t.Fatal(err)
 	}
 	n := &testNode{id: id, dir: dir, st: st, ep: newEpoch(ep), done: make(chan error, 1)}
-	n.srv = protocol.NewServer(&node.Handler{Store: st, Epochs: n.ep, CatchUp: 200 * time.Millisecond}, protocol.ServerOptions{})
+	n.srv = protocol.NewServer(&node.Handler{Store: st, Epochs: n.ep, CatchUp: 200 * time.Millisecond, GateWait: 300 * time.Millisecond}, protocol.ServerOptions{})
 	n.lis, err = net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
