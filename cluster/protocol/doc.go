@@ -5,8 +5,9 @@
 // byte.
 //
 // A request is a 64-byte header (opcode, flags, handle, epoch, fencing
-// token, object id, offset, version, length, payload CRC32C) and, when
-// the header says so, a payload; a response is a 40-byte header
+// token, object id, offset, version, length, payload CRC32C; a gated
+// write carries its gate id in the version field) and, when the header
+// says so, a payload; a response is a 40-byte header
 // (status, handle, epoch, version, length, CRC32C) and its payload. All
 // integers are big-endian. Requests are multiplexed on a connection and
 // answered in any order; the handle matches them.
@@ -16,7 +17,8 @@
 //   - proto.go: wire constants, Op, Flags, Status, the per-op table
 //   - message.go: Request, Response, their framing (Write/Read)
 //   - errors.go: Error, StatusOf, the connection errors
-//   - payload.go: the structured payloads (ObjectInfo, Extent, checksum)
+//   - payload.go: the structured payloads (ObjectInfo, Extent, checksum,
+//     settle ids)
 //   - client.go: Client, one multiplexed connection
 //   - pool.go: Pool, kept connections per address
 //   - server.go: Server, Handler, ServerOptions, per-connection budgets
