@@ -12,7 +12,9 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/placement"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
 )
@@ -474,5 +476,55 @@ func BenchmarkGateRead(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// TestNoGateOutlivesItsWrite: writes through a gateway to three
+// in-process nodes, eight at a time, of whole and partial objects,
+// leave no gate behind once their settles went out: reads of a node
+// then take the lock-free path again.
+func TestNoGateOutlivesItsWrite(t *testing.T) {
+	hs := handlers{}
+	var nodes []placement.Node
+	addrs := map[string]string{}
+	for i := range 3 {
+		id := fmt.Sprintf("n%d", i)
+		st, err := store.Open(t.TempDir(), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		hs[id] = &Handler{Store: st, Epochs: fixedEpoch(1)}
+		nodes = append(nodes, placement.Node{ID: id, Weight: 1})
+		addrs[id] = id
+	}
+	v, err := gateway.NewView(1, nodes, addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := gateway.Open(ctx, gateway.Config{VDI: 9, Name: "fill", Size: 16 << 20, Copies: 3, ObjectShift: 22,
+		Token: 1, Views: gateway.StaticViews{V: v}, Net: hs, Local: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			p := make([]byte, 1<<20)
+			for off := int64(w) << 20; off < 16<<20; off += 8 << 20 {
+				if _, err := d.WriteAt(ctx, p, off, 0); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for id, h := range hs {
+		for start := time.Now(); h.gates.len() > 0; time.Sleep(time.Millisecond) {
+			if time.Since(start) > 5*time.Second {
+				t.Fatalf("node %s: %d gates left 5 s after the writes", id, h.gates.len())
+			}
+		}
 	}
 }
