@@ -189,7 +189,8 @@ func (j *jitter) Call(ctx context.Context, addr string, req *protocol.Request, r
 // TestGatewayHistory runs two writers through the VDI's writable
 // gateway, every write reaching the three replicas at random times,
 // and four readers through three other gateways (each reading its own
-// node's replica first) on six blocks of two objects, for 1.5 s, and
+// node's replica first) on six blocks of two objects, for 1.5 s (longer
+// on a loaded machine, until 50 writes and 200 reads), and
 // has internal/histcheck judge the history: linearizable per block, so
 // no stale or inverted read. Ungated, the checker must find reads that
 // go back in time, so that the test can fail.
@@ -227,11 +228,17 @@ func TestGatewayHistory(t *testing.T) {
 				start = time.Now()
 				wg    sync.WaitGroup
 			)
-			deadline := start.Add(1500 * time.Millisecond)
+			// 1.5 s, or up to 10 s on a loaded machine until enough was
+			// done to tell anything.
+			var wrote, read atomic.Int64
+			more := func() bool {
+				el := time.Since(start)
+				return el < 1500*time.Millisecond || el < 10*time.Second && (wrote.Load() < 50 || read.Load() < 200)
+			}
 			for cl := range 6 {
 				wg.Go(func() {
 					r := rand.New(rand.NewPCG(uint64(cl), 7))
-					for time.Now().Before(deadline) {
+					for more() {
 						reg := r.IntN(6)
 						if cl < 2 {
 							v := next.Add(1)
@@ -240,6 +247,8 @@ func TestGatewayHistory(t *testing.T) {
 							op.End, op.Outcome = time.Since(start), histcheck.OK
 							if err != nil {
 								op.Outcome, op.Err = histcheck.Failed, err.Error()
+							} else {
+								wrote.Add(1)
 							}
 							rec.Add(op)
 							continue
@@ -251,6 +260,8 @@ func TestGatewayHistory(t *testing.T) {
 						op.End, op.Outcome, op.Data = time.Since(start), histcheck.OK, p
 						if err != nil {
 							op.Outcome, op.Err, op.Data = histcheck.Failed, err.Error(), nil
+						} else {
+							read.Add(1)
 						}
 						rec.Add(op)
 					}
