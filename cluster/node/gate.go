@@ -192,11 +192,20 @@ func (t *gateTable) removeLocked(g *gate) {
 }
 
 // wait records a read waiting for g until unwait: once g is released,
-// a gate installed over g's range waits for the read (admit).
-func (t *gateTable) wait(g *gate) {
+// a gate installed over g's range waits for the read (admit). It
+// returns false, recording nothing, when g was released since begin
+// returned it: a gate released with no waiter neither drains nor keeps
+// its object's entry, so a wait on it could not be ended (invariant 3).
+func (t *gateTable) wait(g *gate) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	select {
+	case <-g.done:
+		return false
+	default:
+	}
 	g.waiters++
+	return true
 }
 
 // unwait ends a wait for g: the read was served or gave up, or waits
@@ -474,14 +483,18 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 			continue
 		}
 		if waitingFor != busy {
-			if waitingFor == nil && h.Metrics != nil {
-				h.Metrics.gateWaits.Inc()
-			}
+			first := waitingFor == nil
 			if waitingFor != nil {
 				h.gates.unwait(waitingFor)
+				waitingFor = nil
+			}
+			if !h.gates.wait(busy) {
+				continue // released since begin: look again
+			}
+			if first && h.Metrics != nil {
+				h.Metrics.gateWaits.Inc()
 			}
 			waitingFor = busy
-			h.gates.wait(busy)
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(h.gateWait())

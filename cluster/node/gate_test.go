@@ -404,7 +404,9 @@ func TestGateAdmit(t *testing.T) {
 	if g == nil {
 		t.Fatal("no gate over the range")
 	}
-	tab.wait(g)
+	if !tab.wait(g) {
+		t.Fatal("could not wait for an installed gate")
+	}
 	admittedWithin := func(off, end int64, d time.Duration) bool {
 		actx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
@@ -526,5 +528,35 @@ func TestNoGateOutlivesItsWrite(t *testing.T) {
 				t.Fatalf("node %s: %d gates left 5 s after the writes", id, h.gates.len())
 			}
 		}
+	}
+}
+
+// TestGateWaitAfterRelease: a read that found a gate (begin) which was
+// released before it could wait for it records no wait, and the table
+// keeps no entry for the object. Waiting on it anyway once left a wait
+// that could not end: its unwait found no entry and crashed the node
+// (a full run of cluster/gateway under -race, twice in six).
+func TestGateWaitAfterRelease(t *testing.T) {
+	var tab gateTable
+	obj := object.Make(1, 0)
+	tab.install(obj, 7, 0, 4096, 1, time.Now())
+	_, g := tab.begin(obj, 0, 4096)
+	if g == nil {
+		t.Fatal("no gate over the range")
+	}
+	if n := tab.settle(obj.VDI(), []uint64{7}); n != 1 {
+		t.Fatalf("settle released %d gates, want 1", n)
+	}
+	if tab.wait(g) {
+		t.Fatal("a wait was recorded on a released gate")
+	}
+	tab.mu.Lock()
+	left := len(tab.objs)
+	tab.mu.Unlock()
+	if left != 0 || tab.draining.Load() != 0 {
+		t.Fatalf("after the release: %d objects, %d draining; want none", left, tab.draining.Load())
+	}
+	if _, busy := tab.begin(obj, 0, 4096); busy != nil {
+		t.Fatal("the released gate still holds the range")
 	}
 }
