@@ -31,6 +31,9 @@ import (
 //     renews the gate) or settled it, so its gateway is gone, and no
 //     reader of another replica can miss what this one shows
 //     (releaseOld);
+//     A hide (recovery's: a pulled copy holding a write never
+//     acknowledged, recovery.Step.Hide) has no writer to wait for: rule
+//     2 releases it once the copies agree, without the hold;
 //  3. it was last installed longer ago than the age limit
 //     (Handler.GateMaxAge): no live writer keeps a write in flight that
 //     long, so its settle was lost (a Close during a network fault) or
@@ -43,7 +46,8 @@ import (
 //     removed only by one of the three rules above. (A write that
 //     reaches the handler after its settle, delayed there while its
 //     gateway had given up on that attempt, installs a gate that only
-//     rules 2 and 3 release.)
+//     rules 2 and 3 release. A hide also goes when the pull it was
+//     for stored nothing.)
 //  2. count is the number of gates installed, installs the number of
 //     installations ever; both change only under mu, and installs
 //     grows before a gated write reaches the store. A read that took
@@ -97,7 +101,9 @@ const agreePause = 250 * time.Millisecond
 // gate is one gated write on one object: [off, end), the newest epoch
 // it was received in, and done, closed when it is released.
 type gate struct {
-	key      gateKey
+	key gateKey // zero for a hide
+	// hide: recovery withholds the whole object (hide), not a writer.
+	hide     bool
 	obj      object.ID
 	off, end int64
 	epoch    uint64
@@ -150,6 +156,51 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 	// valid.
 	t.count.Add(1)
 	o.last = t.installs.Add(1)
+}
+
+// hide withholds all of obj from readers, in epoch at now, until the
+// copies agree (release rule 2, without the hold) or the age limit:
+// recovery is about to store a copy holding a write that another copy
+// served as current lacks (recovery.Step.Hide). A hide already there is
+// renewed.
+func (t *gateTable) hide(obj object.ID, epoch uint64, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.objs == nil {
+		t.objs = map[object.ID]*objGates{}
+		t.ids = map[gateKey][]*gate{}
+	}
+	o := t.objs[obj]
+	if o == nil {
+		o = &objGates{}
+		t.objs[obj] = o
+	}
+	for _, g := range o.gates {
+		if g.hide {
+			g.epoch, g.at = max(g.epoch, epoch), now
+			o.last = t.installs.Add(1)
+			return
+		}
+	}
+	g := &gate{hide: true, obj: obj, off: 0, end: store.MaxObjectSize, epoch: epoch, at: now, done: make(chan struct{})}
+	o.gates = append(o.gates, g)
+	t.count.Add(1)
+	o.last = t.installs.Add(1)
+}
+
+// unhide releases obj's hide, if any: the pull it was for stored
+// nothing.
+func (t *gateTable) unhide(obj object.ID) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if o := t.objs[obj]; o != nil {
+		for _, g := range o.gates {
+			if g.hide {
+				t.removeLocked(g)
+				return
+			}
+		}
+	}
 }
 
 // settle releases the gates ids of vdi; unknown ids are ignored (the
@@ -286,6 +337,9 @@ type epochRule struct {
 // or rule 3 (byAge) releases g, and notes when g was first seen stale.
 func (r epochRule) ripeLocked(g *gate) (byEpoch, byAge bool) {
 	byAge = r.maxAge > 0 && r.now.Sub(g.at) >= r.maxAge
+	if g.hide {
+		return true, byAge
+	}
 	if g.epoch >= r.cur {
 		return false, byAge
 	}
@@ -333,6 +387,10 @@ func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 			continue
 		}
 		t.removeLocked(g)
+		n++
+		if g.hide {
+			continue
+		}
 		l := t.ids[g.key]
 		for i, x := range l {
 			if x == g {
@@ -345,7 +403,6 @@ func (t *gateTable) releaseOld(obj object.ID, r epochRule) int {
 		} else {
 			t.ids[g.key] = l
 		}
-		n++
 	}
 	return n
 }
@@ -366,7 +423,7 @@ func (t *gateTable) sweep(r epochRule) {
 	t.mu.Lock()
 	for obj, o := range t.objs {
 		for _, g := range o.gates {
-			if g.epoch < r.cur || r.maxAge > 0 && r.now.Sub(g.at) >= r.maxAge {
+			if g.hide || g.epoch < r.cur || r.maxAge > 0 && r.now.Sub(g.at) >= r.maxAge {
 				old = append(old, obj)
 				break
 			}

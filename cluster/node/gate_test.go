@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,14 +27,15 @@ type modelGate struct {
 	epoch    uint64
 }
 
-// TestGateTableModel runs random installs, settles, epoch releases and
-// reads against a map of gates: a read waits exactly when a model gate
+// TestGateTableModel runs random installs, settles, hides, epoch
+// releases and reads against a map of gates and a set of hidden objects: a read waits exactly when a model gate
 // overlaps it, a read's ticket goes stale exactly when a gate is
 // installed on its object, and a released gate's channel is closed.
 func TestGateTableModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		var tab gateTable
 		model := map[gateKey]modelGate{}
+		hidden := map[object.ID]bool{}
 		objs := []object.ID{object.Make(1, 0), object.Make(1, 1), object.Make(2, 0)}
 		genObj := rapid.SampledFrom(objs)
 		genRange := func(t *rapid.T) (int64, int64) {
@@ -41,6 +43,9 @@ func TestGateTableModel(t *testing.T) {
 			return off, off + rapid.Int64Range(1, 4).Draw(t, "blocks")*4096
 		}
 		overlapping := func(obj object.ID, off, end int64) bool {
+			if hidden[obj] {
+				return true
+			}
 			for _, g := range model {
 				if g.obj == obj && g.off < end && off < g.end {
 					return true
@@ -69,6 +74,16 @@ func TestGateTableModel(t *testing.T) {
 				g.off, g.end, g.epoch = min(g.off, off), max(g.end, end), max(g.epoch, ep)
 				model[k] = g
 			},
+			"hide": func(t *rapid.T) {
+				obj := genObj.Draw(t, "obj")
+				tab.hide(obj, rapid.Uint64Range(1, 4).Draw(t, "epoch"), time.Now())
+				hidden[obj] = true
+			},
+			"unhide": func(t *rapid.T) {
+				obj := genObj.Draw(t, "obj")
+				tab.unhide(obj)
+				delete(hidden, obj)
+			},
 			"settle": func(t *rapid.T) {
 				vdi := object.VDI(rapid.Uint32Range(1, 2).Draw(t, "vdi"))
 				ids := rapid.SliceOfN(rapid.Uint64Range(1, 8), 1, 4).Draw(t, "ids")
@@ -89,6 +104,12 @@ func TestGateTableModel(t *testing.T) {
 				recovered := rapid.Bool().Draw(t, "recovered")
 				want := 0
 				if recovered {
+					// A hide waits for the copies to agree, not for an
+					// epoch.
+					if hidden[obj] {
+						delete(hidden, obj)
+						want++
+					}
 					for k, g := range model {
 						if g.obj == obj && g.epoch < cur {
 							delete(model, k)
@@ -142,11 +163,14 @@ func TestGateTableModel(t *testing.T) {
 				}
 			},
 			"": func(t *rapid.T) {
-				if tab.len() != len(model) {
-					t.Fatalf("%d gates, model has %d", tab.len(), len(model))
+				if tab.len() != len(model)+len(hidden) {
+					t.Fatalf("%d gates, model has %d and %d hides", tab.len(), len(model), len(hidden))
 				}
 				for g, k := range seen {
 					_, live := model[k]
+					if g.hide {
+						live = hidden[g.obj]
+					}
 					select {
 					case <-g.done:
 						if live && tab.holds(g) {
@@ -167,10 +191,8 @@ func TestGateTableModel(t *testing.T) {
 func (t *gateTable) holds(g *gate) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, x := range t.ids[g.key] {
-		if x == g {
-			return true
-		}
+	if o := t.objs[g.obj]; o != nil {
+		return slices.Contains(o.gates, g)
 	}
 	return false
 }

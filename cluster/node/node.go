@@ -134,6 +134,7 @@ type Node struct {
 	views   *Views
 	pool    *protocol.Pool
 	net     *localCaller // the gateway's: in process to this node, the pool to others
+	h       *Handler     // serves requests; recovery hides pulled copies in its gates
 	psrv    *protocol.Server
 	plis    net.Listener
 	nsrv    *nbd.Server
@@ -292,6 +293,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	h := &Handler{Store: n.st, Epochs: n.views, Metrics: n.m, Admin: n.admin, Live: n.live,
 		Ready: n.rec.ready, Current: n.rec.current, Agreed: n.rec.agreed, Repair: n.rec.repair, ListFor: n.listFor,
 		Resync: guard.check}
+	n.h = h
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })

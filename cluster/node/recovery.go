@@ -62,6 +62,12 @@ type recoverer struct {
 
 	done atomic.Uint64 // the last epoch whose run completed
 
+	// Knobs for this package's tests, set while the node runs: runs wait
+	// for holdRuns to close before they list, and pulls never hide
+	// (noHide), to show what hiding prevents.
+	holdRuns atomic.Pointer[chan struct{}]
+	noHide   atomic.Bool
+
 	mu      sync.Mutex
 	epoch   uint64 // the epoch of the run under way (or last run)
 	listed  bool   // the run's listing is complete: pending is exact
@@ -269,6 +275,13 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	r.mu.Unlock()
 	start := time.Now()
 	r.a.forgetVDIs()
+	if hold := r.holdRuns.Load(); hold != nil {
+		select {
+		case <-*hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 
 	held, err := r.gather(ctx, v)
 	if err != nil {
@@ -922,6 +935,7 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 		r.count(0)
 		return nil
 	case recovery.PullTombstone:
+		unhide := r.hide(obj, v.Epoch, st)
 		var err error
 		if st.Replace {
 			err = r.n.st.ReplaceTombstone(obj, st.Version)
@@ -930,6 +944,8 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 		}
 		if err == nil {
 			r.count(0)
+		} else {
+			unhide()
 		}
 		return err
 	case recovery.Pull:
@@ -951,13 +967,28 @@ func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, s
 			r.n.log.Info("recovery: replacing a copy of a lower rank", "object", obj.String(), "source", st.Source, "version", ver)
 			install = r.n.st.Replace
 		}
+		unhide := r.hide(obj, v.Epoch, st)
 		if err := install(obj, ver, data); err != nil {
+			unhide()
 			return fmt.Errorf("object %s: storing the copy from %s: %w", obj, st.Source, err)
 		}
 		r.count(int64(len(data)))
 		return nil
 	}
 	return fmt.Errorf("object %s: unknown recovery step %v", obj, st.Action)
+}
+
+// hide withholds obj from readers before a pull of st stores it, when
+// st says the copy holds a write that another copy served as current
+// lacks (recovery.Step.Hide); the gate table releases it once the
+// copies agree. It returns what undoes it when the pull stores nothing.
+func (r *recoverer) hide(obj object.ID, e uint64, st recovery.Step) (unhide func()) {
+	if !st.Hide || r.n.h == nil || r.noHide.Load() {
+		return func() {}
+	}
+	r.n.log.Info("recovery: withholding a pulled copy until its peers have it: it holds a write never acknowledged", "object", obj.String(), "source", st.Source, "version", st.Version)
+	r.n.h.gates.hide(obj, e, time.Now())
+	return func() { r.n.h.gates.unhide(obj) }
 }
 
 func (r *recoverer) count(bytes int64) {

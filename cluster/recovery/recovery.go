@@ -165,6 +165,13 @@ type Step struct {
 	// least as high as Version's; it is replaced anyway (not the
 	// store's conditional Put).
 	Replace bool
+	// Hide (Pull, PullTombstone): another good copy of the source's
+	// rank lacks Version, so Version holds a write that was never
+	// acknowledged (an acknowledged one reached every copy current in
+	// its epoch) and that copy may be served as current meanwhile. The
+	// node withholds what it pulls from readers until the copies agree,
+	// so that no reader sees the write here and then misses it there.
+	Hide bool
 }
 
 // better orders copies for choosing a source: the higher rank first,
@@ -224,6 +231,15 @@ func Decide(self string, copies []Copy) Step {
 	// A good own copy at a version as high is of a lower rank: it holds
 	// writes never acknowledged, and is replaced all the same.
 	st.Replace = own != nil && !own.Absent && !own.Suspect && own.Version >= best.Version
+	for _, c := range copies {
+		if c.Node == self || c.Node == best.Node || c.Rank != best.Rank || c.Suspect {
+			continue
+		}
+		// An absent copy reads as zeros, as a tombstone does.
+		if c.Absent && !best.Tombstone || !c.Absent && c.Version < best.Version {
+			st.Hide = true
+		}
+	}
 	return st
 }
 

@@ -22,7 +22,16 @@ func TestDecide(t *testing.T) {
 		{"own is newest", []Copy{{Node: "a", Version: 9}, {Node: "b", Version: 7}}, Step{Action: Keep, Version: 9}},
 		{"own equals newest", []Copy{{Node: "a", Version: 9}, {Node: "b", Version: 9}}, Step{Action: Keep, Version: 9}},
 		{"own is older", []Copy{{Node: "a", Version: 7}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
-		{"own is missing", []Copy{{Node: "c", Version: 3}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
+		{"own is missing", []Copy{{Node: "c", Version: 9}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
+		// Another copy of the source's rank lacks its version: the
+		// write was never acknowledged, and that copy may be served.
+		{"a copy of the best rank lacks the version: hidden", []Copy{{Node: "c", Version: 5<<32 | 1, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2, Hide: true}},
+		{"a copy of the best rank holds nothing: hidden", []Copy{{Node: "c", Absent: true, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2, Hide: true}},
+		{"a copy of the best rank holds nothing, the best a tombstone: not hidden", []Copy{{Node: "c", Absent: true, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5, Tombstone: true}}, Step{Action: PullTombstone, Source: "b", Version: 5<<32 | 2}},
+		{"a copy of the best rank holds data, the best a tombstone: hidden", []Copy{{Node: "c", Version: 5<<32 | 1, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5, Tombstone: true}}, Step{Action: PullTombstone, Source: "b", Version: 5<<32 | 2, Hide: true}},
+		{"a copy of a lower rank lacks the version: not hidden (it is not served before it recovers)", []Copy{{Node: "c", Version: 3<<32 | 1, Rank: 4}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
+		{"a suspect copy of the best rank lacks the version: not hidden (it is repaired before it is served)", []Copy{{Node: "c", Version: 5<<32 | 1, Rank: 5, Suspect: true}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
+		{"every other copy has the version: not hidden", []Copy{{Node: "c", Version: 5<<32 | 2, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5}, {Node: "a", Version: 5<<32 | 1, Rank: 4}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
 		{"ties go to the lower ID", []Copy{{Node: "c", Version: 9}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
 		{"own is suspect", []Copy{{Node: "a", Version: 99, Suspect: true}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
 		{"a suspect source is never chosen over a good one", []Copy{{Node: "c", Version: 99, Suspect: true}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
