@@ -50,6 +50,11 @@ type VDI struct {
 	// knows: older entries of CopiesBefore were dropped (at most
 	// MaxCopiesHistory are kept). 0: every epoch since creation.
 	CopiesKnownFrom uint64 `json:"copies_known_from,omitempty"`
+	// Allocation: the VDI keeps an allocation map (Allocated), so every
+	// object that may hold data is in it. Set by CreateVDI; VDIs made
+	// before maps existed have none, and their lost objects are known
+	// only through the recovery of the nodes placed for them.
+	Allocation bool `json:"allocation,omitempty"`
 }
 
 // StateReady is the State of a VDI that can be served.
@@ -155,6 +160,7 @@ func (c *Client) CreateVDI(ctx context.Context, v VDI) (VDI, error) {
 	}
 	v = v.withDefaults(f)
 	v.State = StateReady
+	v.Allocation = true
 	v.Epoch = view.Epoch
 	if v.Created.IsZero() {
 		v.Created = c.now().UTC()
@@ -303,6 +309,7 @@ func (c *Client) DeleteVDI(ctx context.Context, name string) (VDI, error) {
 			clientv3.OpDelete(c.k.vdiName(name)),
 			clientv3.OpDelete(c.k.vdiID(v.ID)),
 			clientv3.OpDelete(c.k.owner(v.ID)),
+			clientv3.OpDelete(c.k.allocs(v.ID), clientv3.WithPrefix()),
 			clientv3.OpPut(c.k.tomb(v.ID), string(tb)),
 		).Else(
 			clientv3.OpGet(lk),

@@ -1,0 +1,132 @@
+package membership
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// keyAlloc holds each VDI's allocation map, the objects of the VDI that
+// may hold data: "alloc/<vdi id, 8 hex>/<chunk, 8 hex>" =
+// object.Set.ChunkBytes of that chunk (bit i%8 of byte i/8 is object
+// chunk*object.SetChunk+i; trailing zero bytes cut). A writer's gateway
+// adds an object before any replica gets a write of it, and nothing
+// takes one out while the VDI lives, so an object not in the map was
+// never written: its absence from every node is no loss. The map is
+// what lets `cluster check` tell a lost object from one never written.
+// DeleteVDI deletes it with the record.
+const keyAlloc = "alloc/"
+
+func (k keys) allocs(id object.VDI) string {
+	return fmt.Sprintf("%s%s%08x/", k.prefix, keyAlloc, uint32(id))
+}
+func (k keys) alloc(id object.VDI, chunk uint32) string {
+	return fmt.Sprintf("%s%08x", k.allocs(id), chunk)
+}
+
+// Allocated returns VDI id's allocation map: the indices of its objects
+// that may hold data. A VDI that keeps none (VDI.Allocation false) has
+// an empty one.
+func (c *Client) Allocated(ctx context.Context, id object.VDI) (*object.Set, error) {
+	if err := c.checkOpen(); err != nil {
+		return nil, err
+	}
+	resp, err := c.cli.Get(ctx, c.k.allocs(id), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("membership: allocation map of vdi %d: %w", id, err)
+	}
+	var s object.Set
+	for _, kv := range resp.Kvs {
+		chunk, err := c.k.parseAllocKey(id, string(kv.Key))
+		if err != nil {
+			return nil, err
+		}
+		if err := s.AddChunkBytes(chunk, kv.Value); err != nil {
+			return nil, fmt.Errorf("membership: allocation map of vdi %d: %s: %w", id, kv.Key, err)
+		}
+	}
+	return &s, nil
+}
+
+// MarkAllocated adds the objects idx of VDI id to its allocation map,
+// in one transaction over the chunks they fall in (compared by
+// revision, and tried again when another writer changed one meanwhile).
+// It returns once etcd has the marks.
+func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32) error {
+	if err := c.checkOpen(); err != nil {
+		return err
+	}
+	byChunk := map[uint32][]uint32{}
+	for _, i := range idx {
+		byChunk[i/object.SetChunk] = append(byChunk[i/object.SetChunk], i)
+	}
+	chunks := make([]uint32, 0, len(byChunk))
+	gets := make([]clientv3.Op, 0, len(byChunk))
+	for ch := range byChunk {
+		chunks = append(chunks, ch)
+		gets = append(gets, clientv3.OpGet(c.k.alloc(id, ch)))
+	}
+	for {
+		resp, err := c.cli.Txn(ctx).Then(gets...).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: mark objects of vdi %d allocated: %w", id, err)
+		}
+		var cmps []clientv3.Cmp
+		var puts []clientv3.Op
+		for j, ch := range chunks {
+			key := c.k.alloc(id, ch)
+			var s object.Set
+			mod := int64(0)
+			if kvs := resp.Responses[j].GetResponseRange().Kvs; len(kvs) > 0 {
+				if err := s.AddChunkBytes(ch, kvs[0].Value); err != nil {
+					return fmt.Errorf("membership: allocation map of vdi %d: %s: %w", id, key, err)
+				}
+				mod = kvs[0].ModRevision
+			}
+			added := false
+			for _, i := range byChunk[ch] {
+				added = s.Add(i) || added
+			}
+			if !added {
+				continue
+			}
+			if mod == 0 {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+			} else {
+				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", mod))
+			}
+			puts = append(puts, clientv3.OpPut(key, string(s.ChunkBytes(ch))))
+		}
+		if len(puts) == 0 {
+			return nil // every one marked already
+		}
+		tr, err := c.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return fmt.Errorf("membership: mark objects of vdi %d allocated: %w", id, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// parseAllocKey reads the chunk number of one of VDI id's alloc/ keys.
+func (k keys) parseAllocKey(id object.VDI, key string) (uint32, error) {
+	s, ok := strings.CutPrefix(key, k.allocs(id))
+	if !ok || len(s) != 8 {
+		return 0, fmt.Errorf("membership: allocation key %q: want %s and 8 hex digits", key, k.allocs(id))
+	}
+	ch, err := strconv.ParseUint(s, 16, 32)
+	if err != nil {
+		return 0, fmt.Errorf("membership: allocation key %q: %w", key, err)
+	}
+	if ch >= 1<<32/object.SetChunk {
+		return 0, fmt.Errorf("membership: allocation key %q: chunk %d past the last of a VDI", key, ch)
+	}
+	return uint32(ch), nil
+}

@@ -1,0 +1,98 @@
+package membership
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/ovis-storage/ovis/cluster/object"
+)
+
+// TestAllocationMap: concurrent writers mark objects of one VDI, some
+// in several chunks at once and some the same ones; the map then holds
+// exactly the union, a new VDI starts with an empty map and keeps one
+// (Allocation), and deleting the VDI deletes its map.
+func TestAllocationMap(t *testing.T) {
+	t.Parallel()
+	c, _ := formatted(t, 1, 0)
+	v, err := c.CreateVDI(ctx, VDI{Name: "mapped", Size: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v.Allocation {
+		t.Fatal("a new VDI keeps no allocation map")
+	}
+	if s, err := c.Allocated(ctx, v.ID); err != nil || s.Len() != 0 {
+		t.Fatalf("a new VDI's map: %v, %v; want empty", s, err)
+	}
+	want := map[uint32]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 4 {
+		cc := newClient(t, shared.Endpoints(), c.k.prefix)
+		wg.Go(func() {
+			for j := range 10 {
+				// Shared indices (j) and each writer's own, across two
+				// chunks.
+				idx := []uint32{uint32(j), uint32(object.SetChunk + 100*w + j)}
+				if err := cc.MarkAllocated(ctx, v.ID, idx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, i := range idx {
+					want[i] = true
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	s, err := c.Allocated(ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, exp []uint32
+	s.Each(func(i uint32) { got = append(got, i) })
+	for i := range want {
+		exp = append(exp, i)
+	}
+	slices.Sort(exp)
+	if !slices.Equal(got, exp) {
+		t.Fatalf("map holds %v, want %v", got, exp)
+	}
+	// Marking what is there already writes nothing and fails nothing.
+	if err := c.MarkAllocated(ctx, v.ID, exp[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteVDI(ctx, "mapped"); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := c.Allocated(ctx, v.ID); err != nil || s.Len() != 0 {
+		t.Fatalf("after the delete the map holds %d objects (%v)", s.Len(), err)
+	}
+}
+
+// TestAllocationKeyRefused: a malformed key under a VDI's map is
+// refused with its name, not read as some chunk.
+func TestAllocationKeyRefused(t *testing.T) {
+	t.Parallel()
+	c, _ := formatted(t, 1, 0)
+	v, err := c.CreateVDI(ctx, VDI{Name: "bad", Size: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, suffix := range []string{"xyz", "0000000", fmt.Sprintf("%08x", 1<<32/object.SetChunk)} {
+		key := c.k.allocs(v.ID) + suffix
+		if _, err := c.cli.Put(ctx, key, "\x01"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Allocated(ctx, v.ID); err == nil {
+			t.Errorf("key %q was read", key)
+		}
+		if _, err := c.cli.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
