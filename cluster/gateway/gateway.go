@@ -60,10 +60,18 @@
 //     the id, from a settler goroutine per node that batches what is
 //     owed, off the write's acknowledgement; a replica shows no reader
 //     the write's range until then (docs/protocol.md, "The read model").
+//  10. With an allocation map (Config.Allocation), a writable device
+//     sends no write of data to an object before the object is durably
+//     in the map; objects are never taken out. So an object outside the
+//     map was never written, and `cluster check` can tell a lost object
+//     from one never written. Writes of zeros and discards mark
+//     nothing: such an object reads as zeros whether or not a copy
+//     survives.
 //
 // Locking: mu guards dirty, closed, lost and gate only; smu guards the
-// settle queues only; neither is held with the other, across a call to
-// a node, nor while calling Config's hooks.
+// settle queues only; amu the allocation marks only; none is held with
+// another, across a call to a node or to etcd, nor while calling
+// Config's hooks.
 package gateway
 
 import (
@@ -155,6 +163,10 @@ type Config struct {
 	// (invariant 8): the VDI's lock went to another owner. It is called
 	// with no lock held and must not block.
 	Revoked func(d *Device, why error)
+
+	// Allocation, when not nil, is the VDI's allocation map, which a
+	// writable device keeps (invariant 10). Nil keeps none.
+	Allocation Allocation
 }
 
 // Device is one VDI. It is safe for concurrent use; several NBD
@@ -208,6 +220,18 @@ type Device struct {
 	// settleClosed is set once Close began: no settler starts after it.
 	settleClosed bool
 	settlers     sync.WaitGroup
+
+	// amu guards marked, marking, gather and markBusy; it is never held
+	// across a call. marked is the objects known to be in the allocation
+	// map (nil: the device keeps none), marking the batch each object
+	// being added is in, gather the batch waiting for the one in flight
+	// (markBusy) to end. markers tracks the goroutine sending a batch.
+	amu      sync.Mutex
+	marked   *object.Set
+	marking  map[uint32]*markBatch
+	gather   *markBatch
+	markBusy bool
+	markers  sync.WaitGroup
 }
 
 // settleQueue is the settles owed to one node.
@@ -276,6 +300,12 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	close(d.gate)
 	d.size.Store(cfg.Size)
 	d.token.Store(cfg.Token)
+	if cfg.Token != 0 && cfg.Allocation != nil {
+		if err := d.loadMarks(ctx); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	if cfg.Token != 0 {
 		if err := d.fenceOpen(ctx, cfg.Token); err != nil {
 			d.Close()
@@ -562,6 +592,7 @@ func (d *Device) Close() error {
 	d.stopBG()
 	<-settled
 	d.fences.Wait()
+	d.markers.Wait()
 	return nil
 }
 
@@ -851,16 +882,23 @@ func (d *Device) order(ctx context.Context, obj object.ID, off, n int64) (releas
 
 // write sends one mutating request per piece to every replica, after
 // the overlapping writes under way (order).
-func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, fill func(req *protocol.Request, pc piece)) error {
+func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, data bool, fill func(req *protocol.Request, pc piece)) error {
 	if err := d.check(ctx, off, n, true); err != nil {
 		return err
+	}
+	ps := d.pieces(off, n)
+	if data {
+		// Before any replica has the data (invariant 10).
+		if err := d.ensureMarked(ctx, ps); err != nil {
+			return err
+		}
 	}
 	durable := f.Has(block.FUA)
 	var done func(string)
 	if !durable {
 		done = d.markDirty
 	}
-	return d.each(d.pieces(off, n), func(_ int, pc piece) error {
+	return d.each(ps, func(_ int, pc piece) error {
 		release, err := d.order(ctx, pc.obj, pc.off, pc.n)
 		if err != nil {
 			return err
@@ -1001,7 +1039,7 @@ func (d *Device) sendSettle(ctx context.Context, id string, ids []uint64) {
 // WriteAt writes p at off on every replica; with FUA as one sync request
 // each.
 func (d *Device) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags) (int, error) {
-	err := d.write(ctx, off, int64(len(p)), f, func(req *protocol.Request, pc piece) {
+	err := d.write(ctx, off, int64(len(p)), f, true, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpWrite
 		req.Payload = p[pc.pos : pc.pos+pc.n]
 	})
@@ -1015,7 +1053,7 @@ func (d *Device) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags
 // writing zeros (a punched or zero-allocated range), so NoFallback is
 // always honoured.
 func (d *Device) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) error {
-	return d.write(ctx, off, n, f, func(req *protocol.Request, pc piece) {
+	return d.write(ctx, off, n, f, false, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpWriteZeroes
 		if f.Has(block.NoUnmap) {
 			req.Flags |= protocol.FlagNoUnmap
@@ -1026,7 +1064,7 @@ func (d *Device) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) e
 // Discard frees whole objects on every replica and punches partial
 // ranges; the range reads as zeros afterwards.
 func (d *Device) Discard(ctx context.Context, off, n int64, f block.Flags) error {
-	return d.write(ctx, off, n, f, func(req *protocol.Request, pc piece) {
+	return d.write(ctx, off, n, f, false, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpDiscard
 		if pc.off == 0 && pc.n == d.objSize {
 			req.Op = protocol.OpRemove

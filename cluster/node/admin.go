@@ -271,6 +271,16 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 	case "vdi.list":
 		vs, err := mc.ListVDIs(ctx)
 		return vs, nil, err
+	case "vdi.allocated":
+		vd, err := mc.GetVDI(ctx, ar.Name)
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := mc.Allocated(ctx, vd.ID)
+		if err != nil {
+			return nil, nil, err
+		}
+		return allocChunks(s), nil, nil
 	case "vdi.delete":
 		vd, err := mc.DeleteVDI(ctx, ar.Name)
 		if err != nil {
@@ -529,5 +539,7 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Check(ctx, n.net, v, vs, nil)
+	return Check(ctx, n.net, v, vs, func(ctx context.Context, vd membership.VDI) (*object.Set, error) {
+		return n.mc.Allocated(ctx, vd.ID)
+	}, nil)
 }

@@ -17,10 +17,14 @@ import (
 // object of a VDI in vdis must be on exactly its replicas in v (for its
 // copies in v's epoch: vdis must be read after v), with equal
 // checksums. It reports missing copies, copies that differ, copies
-// on nodes that should not hold them and objects of no VDI. progress,
-// when not nil, is called as objects are done (done of total). net
-// reaches the nodes (protocol.Pool, or a node's own caller).
-func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []membership.VDI, progress func(done, total int)) (*CheckReport, error) {
+// on nodes that should not hold them and objects of no VDI. For a VDI
+// that keeps an allocation map (VDI.Allocation), read with allocated,
+// it also reports each object in the map that no node of v holds
+// (kind "absent"): written once, and now lost or on nodes that are
+// away. progress, when not nil, is called as objects are done (done of
+// total). net reaches the nodes (protocol.Pool, or a node's own
+// caller).
+func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []membership.VDI, allocated Allocated, progress func(done, total int)) (*CheckReport, error) {
 	ids := make([]string, 0, len(v.Addr))
 	for id := range v.Addr {
 		ids = append(ids, id)
@@ -77,6 +81,25 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 	close(work)
 	wg.Wait()
 	rep := &CheckReport{}
+	for _, vd := range vdis {
+		if !vd.Allocation || allocated == nil {
+			continue
+		}
+		s, err := allocated(ctx, vd)
+		if err != nil {
+			return nil, fmt.Errorf("check: vdi %s: %w", vd.Name, err)
+		}
+		n := (vd.Size + vd.ObjectSize() - 1) / vd.ObjectSize()
+		s.Each(func(i uint32) {
+			o := object.Make(vd.ID, i)
+			if int64(i) >= n || len(held[o]) > 0 {
+				return
+			}
+			rep.Objects++
+			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Kind: "absent",
+				Problem: "written (in the VDI's allocation map), and no node that is up holds a copy: lost, or its holders are away"})
+		})
+	}
 	for i := range objs {
 		if errs[i] != nil {
 			return nil, errs[i]
@@ -88,6 +111,37 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 		rep.Bad = append(rep.Bad, results[i]...)
 	}
 	return rep, nil
+}
+
+// Allocated reads a VDI's allocation map (membership.Client.Allocated,
+// or the admin command vdi.allocated through a node).
+type Allocated func(ctx context.Context, vd membership.VDI) (*object.Set, error)
+
+// AllocChunk is one chunk of an allocation map as the admin command
+// vdi.allocated returns it (object.Set.ChunkBytes).
+type AllocChunk struct {
+	Chunk uint32 `json:"chunk"`
+	Bits  []byte `json:"bits"`
+}
+
+// allocChunks encodes s for the admin command.
+func allocChunks(s *object.Set) []AllocChunk {
+	out := []AllocChunk{}
+	for _, c := range s.Chunks() {
+		out = append(out, AllocChunk{Chunk: c, Bits: s.ChunkBytes(c)})
+	}
+	return out
+}
+
+// SetOf decodes what the admin command vdi.allocated returns.
+func SetOf(chunks []AllocChunk) (*object.Set, error) {
+	var s object.Set
+	for _, c := range chunks {
+		if err := s.AddChunkBytes(c.Chunk, c.Bits); err != nil {
+			return nil, err
+		}
+	}
+	return &s, nil
 }
 
 // listAll lists the objects of vdi (0: every VDI) node id holds, page by

@@ -31,7 +31,8 @@ func (hs handlers) Call(ctx context.Context, addr string, req *protocol.Request,
 
 // TestCheck writes objects of two VDIs to the replicas placement gives
 // them on three nodes, and checks that Check finds them all (over pages
-// of two), then each kind of damage.
+// of two), then each kind of damage, an object in an allocation map that
+// no node holds among them.
 func TestCheck(t *testing.T) {
 	listPage = 2
 	defer func() { listPage = 1 << 16 }()
@@ -55,7 +56,16 @@ func TestCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vdis := []membership.VDI{{ID: 1, Name: "a", Copies: 2}, {ID: 2, Name: "b", Copies: 3}}
+	// VDI 1 keeps an allocation map of 8 objects; VDI 2, made before
+	// maps, none.
+	vdis := []membership.VDI{{ID: 1, Name: "a", Copies: 2, Size: 8 << 22, ObjectShift: 22, Allocation: true}, {ID: 2, Name: "b", Copies: 3}}
+	var alloc object.Set
+	allocated := func(_ context.Context, vd membership.VDI) (*object.Set, error) {
+		if vd.ID != 1 {
+			t.Errorf("the map of vdi %d, which keeps none, was read", vd.ID)
+		}
+		return &alloc, nil
+	}
 	write := func(o object.ID, copies int, b byte) {
 		reps, err := v.Map.Place(o, copies, nil)
 		if err != nil {
@@ -68,11 +78,12 @@ func TestCheck(t *testing.T) {
 		}
 	}
 	for i := range uint32(5) {
+		alloc.Add(i)
 		write(object.Make(1, i), 2, byte(i))
 		write(object.Make(2, i), 3, byte(i))
 	}
 	var calls, last int
-	r, err := Check(ctx, hs, v, vdis, func(done, total int) { calls++; last = total })
+	r, err := Check(ctx, hs, v, vdis, allocated, func(done, total int) { calls++; last = total })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +118,11 @@ func TestCheck(t *testing.T) {
 		}
 	}
 	stores["n0"].WriteAt(object.Make(3, 0), store.Stamp{Token: 1}, []byte{1}, 0, false)
-	r, err = Check(ctx, hs, v, vdis, nil)
+	// Object 6 of VDI 1 was written and every copy is gone; 9 is past
+	// the VDI's end (shrunk).
+	alloc.Add(6)
+	alloc.Add(9)
+	r, err = Check(ctx, hs, v, vdis, allocated, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +136,13 @@ func TestCheck(t *testing.T) {
 		object.Make(2, 1).String() + ": 1 of 3 copies missing",
 		object.Make(1, 2).String() + ": extra copy",
 		object.Make(3, 0).String() + ": object of no VDI",
+		object.Make(1, 6).String() + ": written (in the VDI's allocation map), and no node that is up holds a copy",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("check did not report %q; it reported:\n%s", want, all)
 		}
 	}
-	if len(r.Bad) != 4 {
-		t.Errorf("%d problems, want 4:\n%s", len(r.Bad), all)
+	if len(r.Bad) != 5 {
+		t.Errorf("%d problems, want 5:\n%s", len(r.Bad), all)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/nbd"
 )
@@ -119,6 +120,9 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		Live: r.n.live, AwaitLive: r.n.awaitLive, Revoked: r.revoked, RetryTimeout: r.n.cfg.IOTimeout}
 	if lk != nil {
 		cfg.Token = lk.Token
+	}
+	if v.Allocation {
+		cfg.Allocation = vdiAllocation{mc: r.n.mc, id: v.ID}
 	}
 	dev, err := gateway.Open(ctx, cfg)
 	if err != nil {
@@ -422,4 +426,18 @@ func (r *vdis) watchLock(ctx context.Context, o *openVDI, l membership.Lock) {
 		return
 	}
 	r.drop(o, fmt.Errorf("node: vdi %q: its lock (token %d) was broken while this node held it: %w", o.vdi.Name, l.Token, membership.ErrNotLocked), true)
+}
+
+// vdiAllocation is one VDI's allocation map in etcd, for its gateway.
+type vdiAllocation struct {
+	mc *membership.Client
+	id object.VDI
+}
+
+func (a vdiAllocation) Allocated(ctx context.Context) (*object.Set, error) {
+	return a.mc.Allocated(ctx, a.id)
+}
+
+func (a vdiAllocation) MarkAllocated(ctx context.Context, idx []uint32) error {
+	return a.mc.MarkAllocated(ctx, a.id, idx)
 }

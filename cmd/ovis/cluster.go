@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -431,7 +432,7 @@ func newClusterCmd() *cobra.Command {
 					if err != nil {
 						return nil, err
 					}
-					again, err := node.Check(cmd.Context(), net, v, r.VDIs, nil)
+					again, err := node.Check(cmd.Context(), net, v, r.VDIs, allocatedVia(cmd, &af), nil)
 					if err != nil {
 						return nil, err
 					}
@@ -743,6 +744,17 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	return l.Addr().String(), nil
 }
 
+// allocatedVia reads VDIs' allocation maps through the node at -a.
+func allocatedVia(cmd *cobra.Command, af *adminFlags) node.Allocated {
+	return func(ctx context.Context, vd membership.VDI) (*object.Set, error) {
+		var chunks []node.AllocChunk
+		if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.allocated", Name: vd.Name}, nil, &chunks); err != nil {
+			return nil, fmt.Errorf("allocation map of vdi %s: %w", vd.Name, err)
+		}
+		return node.SetOf(chunks)
+	}
+}
+
 // clusterCheck runs the check from here: it learns the nodes and VDIs
 // from the node at -a, then asks every node for its objects and their
 // checksums itself, with a progress bar on a terminal.
@@ -781,18 +793,23 @@ func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckRepor
 			bar.Set(done)
 		}
 	}
-	r, err := node.Check(cmd.Context(), pool, v, vdis, progress)
+	r, err := node.Check(cmd.Context(), pool, v, vdis, allocatedVia(cmd, af), progress)
 	if err != nil {
 		return err
 	}
 	r.VDIs = vdis
 	// Objects whose every holder is away are in no listing: the nodes
-	// placed for them say so.
+	// placed for them say so, and say who may hold them, which says
+	// more than the allocation map's "absent".
 	var nodes []node.NodeStatus
 	if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
 		return err
 	}
-	r.Bad = append(r.Bad, node.Unfound(nodes, vdis)...)
+	unfound := node.Unfound(nodes, vdis)
+	r.Bad = slices.DeleteFunc(r.Bad, func(b node.CheckResult) bool {
+		return b.Kind == "absent" && slices.ContainsFunc(unfound, func(u node.CheckResult) bool { return u.Object == b.Object })
+	})
+	r.Bad = append(r.Bad, unfound...)
 	if r, err = then(r, v, pool); err != nil {
 		return err
 	}

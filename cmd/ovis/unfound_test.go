@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -352,4 +354,81 @@ func TestClusterMarkLost(t *testing.T) {
 	readLost("after a holder returned", n1)
 	readLost("after a holder returned, through it", nodes[1])
 	checkAll(t, n1, "after a holder returned")
+}
+
+// TestClusterCheckFindsLostObject (issue 26: cluster check knows which
+// objects should exist, not only which copies it finds): an object
+// written through the cluster whose every copy is then gone from the
+// disks of nodes that are up is named by `cluster check`, which exits
+// 1. Before allocation maps it compared only the copies it found, and
+// said nothing.
+func TestClusterCheckFindsLostObject(t *testing.T) {
+	etcd := testutil.EtcdEndpoints(testutil.StartEtcd(t, 1))
+	base := t.TempDir()
+	lease := []string{"--lease", "2s"}
+	nodes := make([]*clusterNode, 3)
+	for i := range nodes {
+		nodes[i] = startClusterNode(t, filepath.Join(base, fmt.Sprintf("n%d", i+1)), etcd, lease...)
+	}
+	waitUp(t, nodes[0], 3)
+	nodes[0].mustAdmin(t, "cluster", "format", "--copies", "2")
+	nodes[0].mustAdmin(t, "vdi", "create", "disk0", "64M")
+	// Objects 0 and 5 (4 MiB objects) hold data.
+	for _, off := range []string{"0", "20M"} {
+		w := exec.Command(ovisBin, "vdi", "write", "disk0", off, "-a", nodes[0].addr)
+		w.Stdin = strings.NewReader(strings.Repeat("lost", 1024))
+		if out, err := w.CombinedOutput(); err != nil {
+			t.Fatalf("vdi write at %s: %v, %s", off, err, out)
+		}
+	}
+	if r := nodes[0].admin(t, "cluster", "check"); r.code != 0 {
+		t.Fatalf("cluster check before the loss: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// Every copy of object 5 goes while the nodes are down; they come
+	// back without it.
+	for _, n := range nodes {
+		n.kill(syscall.SIGKILL)
+	}
+	var obj string
+	removed := 0
+	for _, n := range nodes {
+		var files []string
+		filepath.WalkDir(filepath.Join(n.dir, "objects"), func(path string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && d.Name() == "00000005" {
+				files = append(files, path)
+			}
+			return nil
+		})
+		for _, f := range files {
+			if err := os.Remove(f); err != nil {
+				t.Fatal(err)
+			}
+			obj = filepath.Base(filepath.Dir(f)) + "00000005"
+			removed++
+		}
+	}
+	if removed != 2 {
+		t.Fatalf("%d copies of object 5 found to remove, want 2", removed)
+	}
+	for i, n := range nodes {
+		nodes[i] = startClusterNode(t, n.dir, etcd, append([]string{"--listen", n.addr}, lease...)...)
+	}
+	waitUp(t, nodes[0], 3)
+	waitRecovered(t, nodes[0], 3)
+	r := nodes[0].admin(t, "cluster", "check")
+	if r.code != 1 || !strings.Contains(r.stdout, obj) || !strings.Contains(r.stdout, "no node that is up holds a copy") {
+		t.Fatalf("cluster check with object %s lost: exit %d, want 1 naming it\n%s%s", obj, r.code, r.stdout, r.stderr)
+	}
+	t.Logf("cluster check: exit 1:\n%s", firstLines(r.stdout, 3))
+	var rep struct {
+		Problems []struct{ Object, Kind string } `json:"problems"`
+	}
+	r = nodes[0].admin(t, "cluster", "check", "--output", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 1 {
+		t.Fatalf("cluster check --output json: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if len(rep.Problems) != 1 || rep.Problems[0].Object != obj || rep.Problems[0].Kind != "absent" {
+		t.Fatalf("cluster check --output json: %+v; want object %s absent alone", rep.Problems, obj)
+	}
 }
