@@ -499,10 +499,35 @@ func newVDICmd() *cobra.Command {
 				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vs); err != nil {
 					return err
 				}
-				return af.print(cmd.OutOrStdout(), vs, func(w io.Writer) {
-					fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tOBJECT SIZE\tSTATE\tCREATED")
-					for _, v := range vs {
-						fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\t%s\n", v.Name, v.ID, img.FormatSize(uint64(v.Size)), v.Copies, img.FormatSize(1<<v.ObjectShift), v.State, v.Created.Format(time.RFC3339))
+				// Allocated is what the VDI's allocation map says was
+				// written: whole objects, at most the size; none for a
+				// VDI made before maps.
+				type listed struct {
+					membership.VDI
+					Allocated *int64 `json:"allocated,omitempty"`
+				}
+				out := make([]listed, len(vs))
+				allocated := allocatedVia(cmd, &af)
+				for i, v := range vs {
+					out[i].VDI = v
+					if !v.Allocation {
+						continue
+					}
+					s, err := allocated(cmd.Context(), v)
+					if err != nil {
+						return err
+					}
+					n := min(int64(s.Len())*v.ObjectSize(), v.Size)
+					out[i].Allocated = &n
+				}
+				return af.print(cmd.OutOrStdout(), out, func(w io.Writer) {
+					fmt.Fprintln(w, "NAME\tID\tSIZE\tALLOCATED\tCOPIES\tOBJECT SIZE\tSTATE\tCREATED")
+					for _, v := range out {
+						alloc := "-"
+						if v.Allocated != nil {
+							alloc = img.FormatSize(uint64(*v.Allocated))
+						}
+						fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", v.Name, v.ID, img.FormatSize(uint64(v.Size)), alloc, v.Copies, img.FormatSize(1<<v.ObjectShift), v.State, v.Created.Format(time.RFC3339))
 					}
 				})
 			},

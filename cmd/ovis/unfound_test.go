@@ -384,6 +384,15 @@ func TestClusterCheckFindsLostObject(t *testing.T) {
 	if r := nodes[0].admin(t, "cluster", "check"); r.code != 0 {
 		t.Fatalf("cluster check before the loss: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// vdi list says what the map holds: two 4 MiB objects.
+	var list []struct {
+		Name      string `json:"name"`
+		Allocated *int64 `json:"allocated"`
+	}
+	nodes[0].mustAdminJSON(t, &list, "vdi", "list")
+	if len(list) != 1 || list[0].Allocated == nil || *list[0].Allocated != 8<<20 {
+		t.Fatalf("vdi list: %+v; want disk0 with 8 MiB allocated", list)
+	}
 
 	// Every copy of object 5 goes while the nodes are down; they come
 	// back without it.
