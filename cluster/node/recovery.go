@@ -387,7 +387,8 @@ func (e *unfoundError) Error() string {
 // unheld finds, among the objects of every VDI that are placed on this
 // node in v and that no node of v holds (not in held), those that may
 // have been written while held by nodes that are away now, and adds them
-// to unfound. A listing shows only what the nodes that answered hold:
+// to unfound; of a VDI with an allocation map, only the objects in it.
+// A listing shows only what the nodes that answered hold:
 // an object whose every holder is away is in no listing, and its absence
 // is evidence only if recovery.Unfound says so. An object this node was
 // placed for in every epoch since it was last known current needs no
@@ -406,9 +407,34 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 			continue // created after v: nothing of it was written before
 		}
 		count := uint32((vd.Size + 1<<vd.ObjectShift - 1) >> vd.ObjectShift)
-		for i := range count {
-			if i%4096 == 0 && ctx.Err() != nil {
+		// With an allocation map, only the objects in it were ever
+		// written: a mark completes before any of the object's data
+		// reaches a node, so the data a node that is away holds was
+		// marked before v began, before this read.
+		var indices []uint32 // nil: every one
+		if vd.Allocation {
+			written, err := r.n.mc.Allocated(ctx, vd.ID)
+			if err != nil {
+				return fmt.Errorf("vdi %s: %w", vd.Name, err)
+			}
+			indices = make([]uint32, 0, written.Len())
+			written.Each(func(i uint32) {
+				if i < count {
+					indices = append(indices, i)
+				}
+			})
+		}
+		n := count
+		if indices != nil {
+			n = uint32(len(indices))
+		}
+		for k := range n {
+			if k%4096 == 0 && ctx.Err() != nil {
 				return ctx.Err()
+			}
+			i := k
+			if indices != nil {
+				i = indices[k]
 			}
 			obj := object.Make(vd.ID, i)
 			if _, ok := held[obj]; ok {

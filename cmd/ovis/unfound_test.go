@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
@@ -182,6 +183,17 @@ func TestClusterAllHoldersAway(t *testing.T) {
 			return unfound > 0, fmt.Sprintf("no unfound objects reported through %s", first.addr)
 		})
 		t.Logf("%s: %d objects unfound, which may be on %v", when, unfound, on)
+		// Only written objects (the even ones) can be unfound: the
+		// allocation map says the others never held data.
+		for _, o := range unfoundObjects(t, first) {
+			id, err := object.Parse(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id.Index()%2 != 0 {
+				t.Fatalf("%s: object %s, never written, is reported unfound", when, o)
+			}
+		}
 		if r := first.admin(t, "cluster", "check"); r.code != 1 || !strings.Contains(r.stdout, "unfound") {
 			t.Fatalf("%s: cluster check with objects unfound: exit %d, want 1 naming them\n%s%s", when, r.code, r.stdout, r.stderr)
 		} else {
@@ -214,6 +226,26 @@ func TestClusterAllHoldersAway(t *testing.T) {
 		awayThenBack(fmt.Sprintf("round %d: every node killed, back %v apart", round, stagger), []int{0, 1, 2, 3})
 		awayThenBack(fmt.Sprintf("round %d: three of four killed, back %v apart", round, stagger), []int{1, 2, 3})
 	}
+}
+
+// unfoundObjects returns the unfound objects the nodes name through n
+// (at most 32 each).
+func unfoundObjects(t *testing.T, n *clusterNode) []string {
+	t.Helper()
+	var ns []struct {
+		Recovery struct {
+			UnfoundObjects []string `json:"unfound_objects"`
+		} `json:"recovery"`
+	}
+	r := n.admin(t, "node", "list", "--output", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &ns); err != nil {
+		t.Fatalf("node list --output json: %v\n%s%s", err, r.stdout, r.stderr)
+	}
+	var out []string
+	for _, x := range ns {
+		out = append(out, x.Recovery.UnfoundObjects...)
+	}
+	return out
 }
 
 func firstLines(s string, n int) string {
