@@ -19,6 +19,8 @@ type Allocation interface {
 	// MarkAllocated adds the objects idx; it returns once they are
 	// durable.
 	MarkAllocated(ctx context.Context, idx []uint32) error
+	// UnmarkAllocated takes the objects idx out.
+	UnmarkAllocated(ctx context.Context, idx []uint32) error
 }
 
 // markBatch is the objects one MarkAllocated adds for the writes that
@@ -112,6 +114,30 @@ func (d *Device) startMarkLocked() {
 			d.startMarkLocked()
 		}
 	}()
+}
+
+// unmark takes object i out of the map after every replica removed it,
+// while the removal still holds the object's order. A failure leaves it
+// in: a false alarm of check, not a loss unseen; the discard itself
+// succeeded.
+func (d *Device) unmark(ctx context.Context, i uint32) {
+	if d.marked == nil {
+		return
+	}
+	d.amu.Lock()
+	known := d.marked.Has(i)
+	d.amu.Unlock()
+	if !known {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.RetryTimeout)
+	defer cancel()
+	if err := d.cfg.Allocation.UnmarkAllocated(ctx, []uint32{i}); err != nil {
+		return
+	}
+	d.amu.Lock()
+	d.marked.Remove(i)
+	d.amu.Unlock()
 }
 
 // sendMarks adds idx to the map, trying again while etcd does not answer,

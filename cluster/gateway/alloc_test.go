@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +49,19 @@ func (a *memAlloc) MarkAllocated(ctx context.Context, idx []uint32) error {
 	return nil
 }
 
+func (a *memAlloc) UnmarkAllocated(ctx context.Context, idx []uint32) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls++
+	if a.fail != nil {
+		return a.fail
+	}
+	for _, i := range idx {
+		a.set.Remove(i)
+	}
+	return nil
+}
+
 func (a *memAlloc) has(i uint32) bool { a.mu.Lock(); defer a.mu.Unlock(); return a.set.Has(i) }
 
 // markCheck records every write of data a replica is sent for an object
@@ -86,10 +100,12 @@ func openMapped(t *testing.T, c *cluster, a *memAlloc, net gateway.Caller, token
 	return d
 }
 
-// TestAllocationMarkedFirst: eight writers write data, zeros and
-// discards at random over sixteen objects. No replica is sent data for
-// an object before the map has it; every object written with data is in
-// the map, and no object only zeroed or discarded is.
+// TestAllocationMarkedFirst: eight writers write data, zeros, partial
+// discards and discards of whole objects at random over sixteen objects.
+// No replica is sent data for an object before the map has it; at the
+// end every object that reads other than zeros is in the map, every
+// object in the map is held by its replicas (not removed), and an
+// object only ever zeroed is not in it.
 func TestAllocationMarkedFirst(t *testing.T) {
 	c := newCluster(t, 3, 1)
 	a := &memAlloc{delay: 20 * time.Millisecond}
@@ -106,11 +122,13 @@ func TestAllocationMarkedFirst(t *testing.T) {
 				obj := uint32(r.IntN(objs))
 				off := int64(obj)<<object.MinSizeShift + int64(r.IntN(256))*4096
 				var err error
-				switch r.IntN(4) {
+				switch r.IntN(5) {
 				case 0:
 					err = d.WriteZeroes(ctx, off, 4096, 0)
 				case 1:
 					err = d.Discard(ctx, off, 4096, 0)
+				case 2:
+					err = d.Discard(ctx, int64(obj)<<object.MinSizeShift, 1<<object.MinSizeShift, 0)
 				default:
 					_, err = d.WriteAt(ctx, fill(r.Uint64(), 4096), off, block.FUA)
 					mu.Lock()
@@ -128,9 +146,25 @@ func TestAllocationMarkedFirst(t *testing.T) {
 	if len(mc.bad) > 0 {
 		t.Fatalf("%d writes of data reached a replica before the map had their object: %v", len(mc.bad), mc.bad[:min(5, len(mc.bad))])
 	}
+	p := make([]byte, 1<<object.MinSizeShift)
 	for i := range uint32(objs) {
-		if a.has(i) != data[i] {
-			t.Errorf("object %d: in the map %v, written with data %v", i, a.has(i), data[i])
+		if _, err := d.ReadAt(ctx, p, int64(i)<<object.MinSizeShift); err != nil {
+			t.Fatal(err)
+		}
+		nonzero := slices.ContainsFunc(p, func(b byte) bool { return b != 0 })
+		held := false
+		for _, n := range c.nodes {
+			if in, err := n.st.Stat(object.Make(7, i)); err == nil && !in.Tombstone {
+				held = true
+			}
+		}
+		switch {
+		case nonzero && !a.has(i):
+			t.Errorf("object %d holds data and is not in the map", i)
+		case a.has(i) && !held:
+			t.Errorf("object %d is in the map and every replica removed it", i)
+		case !data[i] && a.has(i):
+			t.Errorf("object %d, never written with data, is in the map", i)
 		}
 	}
 	t.Logf("%d objects marked in %d calls; %d writes checked", len(data), a.calls, mc.writes)
@@ -140,6 +174,9 @@ func TestAllocationMarkedFirst(t *testing.T) {
 	calls := a.calls
 	d2 := openMapped(t, c, a, mc, 2, 5*time.Second)
 	for i := range data {
+		if !a.has(i) {
+			continue // removed since
+		}
 		if _, err := d2.WriteAt(ctx, fill(uint64(i), 4096), int64(i)<<object.MinSizeShift, 0); err != nil {
 			t.Fatal(err)
 		}

@@ -62,11 +62,15 @@
 //     the write's range until then (docs/protocol.md, "The read model").
 //  10. With an allocation map (Config.Allocation), a writable device
 //     sends no write of data to an object before the object is durably
-//     in the map; objects are never taken out. So an object outside the
-//     map was never written, and `cluster check` can tell a lost object
-//     from one never written. Writes of zeros and discards mark
+//     in the map, and takes an object out only once every replica
+//     removed it (a discard of the whole object), before any other
+//     write of it starts (both under the object's order). So an object
+//     outside the map holds no data anywhere, and `cluster check` can
+//     tell a lost object from one never written. Writes of zeros mark
 //     nothing: such an object reads as zeros whether or not a copy
-//     survives.
+//     survives. A crash, or etcd away, between a removal and its unmark
+//     leaves the object in the map: a false alarm of check, never a
+//     loss unseen.
 //
 // Locking: mu guards dirty, closed, lost and gate only; smu guards the
 // settle queues only; amu the allocation marks only; none is held with
@@ -882,17 +886,11 @@ func (d *Device) order(ctx context.Context, obj object.ID, off, n int64) (releas
 
 // write sends one mutating request per piece to every replica, after
 // the overlapping writes under way (order).
-func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, data bool, fill func(req *protocol.Request, pc piece)) error {
+func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, kind writeKind, fill func(req *protocol.Request, pc piece)) error {
 	if err := d.check(ctx, off, n, true); err != nil {
 		return err
 	}
 	ps := d.pieces(off, n)
-	if data {
-		// Before any replica has the data (invariant 10).
-		if err := d.ensureMarked(ctx, ps); err != nil {
-			return err
-		}
-	}
 	durable := f.Has(block.FUA)
 	var done func(string)
 	if !durable {
@@ -904,6 +902,16 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, data bo
 			return err
 		}
 		defer release()
+		// The allocation map changes under the object's order, so that
+		// no write of the object runs between a removal and its unmark
+		// (invariant 10).
+		removes := kind == writeDiscard && pc.off == 0 && pc.n == d.objSize
+		if kind == writeData {
+			// Before any replica has the data.
+			if err := d.ensureMarked(ctx, []piece{pc}); err != nil {
+				return err
+			}
+		}
 		// Every node the write was sent to, in any attempt, is sent a
 		// settle of its gate once the write ended, acknowledged or not
 		// (invariant 9).
@@ -917,7 +925,7 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, data bo
 				d.settle(gid, sent)
 			}
 		}()
-		return d.retry(ctx, func(ctx context.Context, v *View) error {
+		err = d.retry(ctx, func(ctx context.Context, v *View) error {
 			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
 				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)
 			}
@@ -946,8 +954,23 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, data bo
 				fill(req, pc)
 			}, done)
 		})
+		if err == nil && removes {
+			d.unmark(ctx, pc.obj.Index())
+		}
+		return err
 	})
 }
+
+// writeKind is what a write puts in the objects it reaches, for the
+// allocation map: data (marked first), zeros (nothing), or a discard
+// (whole objects it removes are unmarked after).
+type writeKind int
+
+const (
+	writeData writeKind = iota
+	writeZeroes
+	writeDiscard
+)
 
 // settle queues an OpSettle of gate id for each of nodes, and starts a
 // settler for a node that has none. It never waits for a node: the
@@ -1039,7 +1062,7 @@ func (d *Device) sendSettle(ctx context.Context, id string, ids []uint64) {
 // WriteAt writes p at off on every replica; with FUA as one sync request
 // each.
 func (d *Device) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags) (int, error) {
-	err := d.write(ctx, off, int64(len(p)), f, true, func(req *protocol.Request, pc piece) {
+	err := d.write(ctx, off, int64(len(p)), f, writeData, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpWrite
 		req.Payload = p[pc.pos : pc.pos+pc.n]
 	})
@@ -1053,7 +1076,7 @@ func (d *Device) WriteAt(ctx context.Context, p []byte, off int64, f block.Flags
 // writing zeros (a punched or zero-allocated range), so NoFallback is
 // always honoured.
 func (d *Device) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) error {
-	return d.write(ctx, off, n, f, false, func(req *protocol.Request, pc piece) {
+	return d.write(ctx, off, n, f, writeZeroes, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpWriteZeroes
 		if f.Has(block.NoUnmap) {
 			req.Flags |= protocol.FlagNoUnmap
@@ -1064,7 +1087,7 @@ func (d *Device) WriteZeroes(ctx context.Context, off, n int64, f block.Flags) e
 // Discard frees whole objects on every replica and punches partial
 // ranges; the range reads as zeros afterwards.
 func (d *Device) Discard(ctx context.Context, off, n int64, f block.Flags) error {
-	return d.write(ctx, off, n, f, false, func(req *protocol.Request, pc piece) {
+	return d.write(ctx, off, n, f, writeDiscard, func(req *protocol.Request, pc piece) {
 		req.Op = protocol.OpDiscard
 		if pc.off == 0 && pc.n == d.objSize {
 			req.Op = protocol.OpRemove

@@ -58,8 +58,25 @@ func (c *Client) Allocated(ctx context.Context, id object.VDI) (*object.Set, err
 // revision, and tried again when another writer changed one meanwhile).
 // It returns once etcd has the marks.
 func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32) error {
+	return c.changeAllocated(ctx, id, idx, true)
+}
+
+// UnmarkAllocated takes the objects idx of VDI id out of its allocation
+// map, as MarkAllocated adds them; a chunk left empty is deleted. The
+// caller must know that no node holds data of them (every replica
+// removed them) and that no write of them is under way.
+func (c *Client) UnmarkAllocated(ctx context.Context, id object.VDI, idx []uint32) error {
+	return c.changeAllocated(ctx, id, idx, false)
+}
+
+// changeAllocated adds (mark) or takes out idx.
+func (c *Client) changeAllocated(ctx context.Context, id object.VDI, idx []uint32, mark bool) error {
 	if err := c.checkOpen(); err != nil {
 		return err
+	}
+	what := "mark objects of vdi %d allocated"
+	if !mark {
+		what = "unmark objects of vdi %d"
 	}
 	byChunk := map[uint32][]uint32{}
 	for _, i := range idx {
@@ -74,7 +91,7 @@ func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32)
 	for {
 		resp, err := c.cli.Txn(ctx).Then(gets...).Commit()
 		if err != nil {
-			return fmt.Errorf("membership: mark objects of vdi %d allocated: %w", id, err)
+			return fmt.Errorf("membership: "+what+": %w", id, err)
 		}
 		var cmps []clientv3.Cmp
 		var puts []clientv3.Op
@@ -88,11 +105,15 @@ func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32)
 				}
 				mod = kvs[0].ModRevision
 			}
-			added := false
+			changed := false
 			for _, i := range byChunk[ch] {
-				added = s.Add(i) || added
+				if mark {
+					changed = s.Add(i) || changed
+				} else {
+					changed = s.Remove(i) || changed
+				}
 			}
-			if !added {
+			if !changed {
 				continue
 			}
 			if mod == 0 {
@@ -100,14 +121,18 @@ func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32)
 			} else {
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", mod))
 			}
-			puts = append(puts, clientv3.OpPut(key, string(s.ChunkBytes(ch))))
+			if b := s.ChunkBytes(ch); b != nil {
+				puts = append(puts, clientv3.OpPut(key, string(b)))
+			} else {
+				puts = append(puts, clientv3.OpDelete(key))
+			}
 		}
 		if len(puts) == 0 {
-			return nil // every one marked already
+			return nil // nothing to change
 		}
 		tr, err := c.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 		if err != nil {
-			return fmt.Errorf("membership: mark objects of vdi %d allocated: %w", id, err)
+			return fmt.Errorf("membership: "+what+": %w", id, err)
 		}
 		if tr.Succeeded {
 			return nil

@@ -11,8 +11,9 @@ import (
 
 // TestAllocationMap: concurrent writers mark objects of one VDI, some
 // in several chunks at once and some the same ones; the map then holds
-// exactly the union, a new VDI starts with an empty map and keeps one
-// (Allocation), and deleting the VDI deletes its map.
+// exactly the union, unmarking takes objects out (an emptied chunk's key
+// goes), a new VDI starts with an empty map and keeps one (Allocation),
+// and deleting the VDI deletes its map.
 func TestAllocationMap(t *testing.T) {
 	t.Parallel()
 	c, _ := formatted(t, 1, 0)
@@ -65,6 +66,27 @@ func TestAllocationMap(t *testing.T) {
 	// Marking what is there already writes nothing and fails nothing.
 	if err := c.MarkAllocated(ctx, v.ID, exp[:3]); err != nil {
 		t.Fatal(err)
+	}
+	// Unmarking every object of the second chunk deletes its key; the
+	// first chunk keeps the rest.
+	var second []uint32
+	for _, i := range exp {
+		if i >= object.SetChunk {
+			second = append(second, i)
+		}
+	}
+	if err := c.UnmarkAllocated(ctx, v.ID, append(second, 0)); err != nil {
+		t.Fatal(err)
+	}
+	s, err = c.Allocated(ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Has(0) || s.Len() != len(exp)-len(second)-1 || len(s.Chunks()) != 1 {
+		t.Fatalf("after unmarking: %d objects in chunks %v; want %d in chunk 0, not object 0", s.Len(), s.Chunks(), len(exp)-len(second)-1)
+	}
+	if resp, err := c.cli.Get(ctx, c.k.alloc(v.ID, 1)); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("the emptied chunk's key is still there (%v)", err)
 	}
 	if _, err := c.DeleteVDI(ctx, "mapped"); err != nil {
 		t.Fatal(err)

@@ -10,17 +10,21 @@ import (
 	"github.com/ovis-storage/ovis/cluster/store"
 )
 
-// agreeWait bounds the stats of one agreement check.
+// agreeWait bounds the checksums of one agreement check.
 const agreeWait = 2 * time.Second
 
 // agreed reports whether obj's copy here is known current in epoch e
-// and every other replica of obj in e holds a copy of the same version,
-// neither suspect: the copies agree, so that a gate of an older epoch
-// over obj may go (gate release rule 2) without a reader here seeing a
-// write that a reader of another replica would miss. A copy that got an
-// unacknowledged write its peers lack is newer than theirs until their
-// recovery pulls it. Any error, or a node that does not answer, is a
-// no: the gate stays (at most GateMaxAge).
+// and every other replica of obj in e holds the same bytes (a CRC32C of
+// the whole copy; no copy, or a removed one, agrees only with the same),
+// none suspect: the copies agree, so that a gate of an older epoch or a
+// hide over obj may go (gate release rule 2) without a reader here
+// seeing a write that a reader of another replica would miss. Bytes, not
+// versions: a replica that took writes while it pulled the object
+// applies them again on top and ends a version ahead of its peers with
+// the same bytes. A copy that got an unacknowledged write its peers
+// lack differs until their recovery pulls it; one with a write in
+// flight differs until it lands everywhere. Any error, or a node that
+// does not answer, is a no: the gate stays (at most GateMaxAge).
 func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 	if !r.current(obj, e) {
 		return false
@@ -35,9 +39,20 @@ func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 	if err != nil {
 		return false
 	}
-	own, err := r.n.st.Stat(obj)
-	if err != nil && !errors.Is(err, store.ErrNotFound) || own.Suspect {
+	// none: the node holds nothing of obj, or a tombstone.
+	type sum struct {
+		crc  uint32
+		none bool
+	}
+	var own sum
+	crc, _, err := r.n.st.Checksum(obj)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		own.none = true
+	case err != nil:
 		return false
+	default:
+		own.crc = crc
 	}
 	for _, id := range reps {
 		if id == r.n.id {
@@ -48,21 +63,20 @@ func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 			return false
 		}
 		var resp protocol.Response
-		req := &protocol.Request{Op: protocol.OpStat, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj}
+		req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
 		err := r.n.net.Call(ctx, addr, req, &resp)
-		var in protocol.ObjectInfo // a replica without the object: version 0
+		var in sum
 		switch {
 		case protocol.StatusOf(err) == protocol.StatusNoEnt:
+			in.none = true
 		case err != nil:
 			return false
 		default:
-			infos, err := protocol.ParseObjectInfos(nil, resp.Payload)
-			if err != nil || len(infos) != 1 {
+			if in.crc, _, err = protocol.ParseChecksumReply(resp.Payload); err != nil {
 				return false
 			}
-			in = infos[0]
 		}
-		if in.Suspect || in.Version != own.Version || in.Tombstone != own.Tombstone {
+		if in != own {
 			return false
 		}
 	}

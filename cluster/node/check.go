@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
@@ -190,7 +191,19 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 			continue
 		}
 		var resp protocol.Response
-		if err := net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp); err != nil {
+		err := net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp)
+		// A copy withheld by a gate (a write not settled yet, or a
+		// pulled copy its peers do not have yet) is asked again a few
+		// times: gates go within a second or so once writes stop.
+		for try := 0; protocol.StatusOf(err) == protocol.StatusSuspect && try < 8; try++ {
+			select {
+			case <-ctx.Done():
+				return nil, 0, ctx.Err()
+			case <-time.After(300 * time.Millisecond):
+			}
+			err = net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp)
+		}
+		if err != nil {
 			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}, Kind: "error"})
 			continue
 		}

@@ -26,7 +26,7 @@ import (
 //  2. the node has been in a newer epoch than every attempt of the
 //     write it saw for at least the hold (Handler.GateHold), and the
 //     object's copies agree in that epoch (Handler.Agreed: this one is
-//     current and every replica's has its version): a live writer
+//     current and every replica's holds the same bytes): a live writer
 //     would have resent the write in the new epoch by then (which
 //     renews the gate) or settled it, so its gateway is gone, and no
 //     reader of another replica can miss what this one shows
@@ -90,7 +90,7 @@ type objGates struct {
 	// (admit), so that a block written back to back is still read.
 	draining []*gate
 	// asked is when release rule 2 last asked whether the object's
-	// copies agree (at most every agreePause: it costs a stat on every
+	// copies agree (at most every agreePause: it costs a checksum on every
 	// replica).
 	asked time.Time
 }
@@ -538,6 +538,13 @@ func (h *Handler) readGated(ctx context.Context, req *protocol.Request, resp *pr
 				return true
 			}
 			continue
+		}
+		if busy.hide {
+			// Nothing to wait for: a hide goes when the copies agree,
+			// which the release rule above asked (at most every
+			// agreePause); the gateway reads another replica now.
+			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: withheld until its copies agree (recovery pulled a write its peers lack)", req.Object))
+			return false
 		}
 		if waitingFor != busy {
 			first := waitingFor == nil

@@ -48,7 +48,7 @@ type Handler struct {
 	// known current in epoch (FlagCurrent).
 	Current func(obj object.ID, epoch uint64) bool
 	// Agreed, when not nil, says whether obj's copies agree in epoch:
-	// this one is current and every replica's has its version. Gate
+	// this one is current and every replica's holds the same bytes. Gate
 	// release rule 2 asks it (gate.go), at most every agreePause per
 	// object; nil means Current.
 	Agreed func(obj object.ID, epoch uint64) bool

@@ -441,3 +441,7 @@ func (a vdiAllocation) Allocated(ctx context.Context) (*object.Set, error) {
 func (a vdiAllocation) MarkAllocated(ctx context.Context, idx []uint32) error {
 	return a.mc.MarkAllocated(ctx, a.id, idx)
 }
+
+func (a vdiAllocation) UnmarkAllocated(ctx context.Context, idx []uint32) error {
+	return a.mc.UnmarkAllocated(ctx, a.id, idx)
+}

@@ -47,6 +47,21 @@ func (s *Set) Add(i uint32) bool {
 	return true
 }
 
+// Remove takes i out and reports whether it was there.
+func (s *Set) Remove(i uint32) bool {
+	c := s.chunks[i/SetChunk]
+	w, b := i%SetChunk/64, uint64(1)<<(i%64)
+	if c == nil || c[w]&b == 0 {
+		return false
+	}
+	c[w] &^= b
+	s.n--
+	if *c == ([chunkWords]uint64{}) {
+		delete(s.chunks, i/SetChunk)
+	}
+	return true
+}
+
 // Len is the number of indices in the set.
 func (s *Set) Len() int { return s.n }
 

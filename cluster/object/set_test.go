@@ -7,7 +7,7 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestSetModel adds random indices (clustered, so that chunks fill and
+// TestSetModel adds and removes random indices (clustered, so that chunks fill and
 // share) to a Set and to a map: membership, length and the ordered walk
 // agree, and the chunk encoding round-trips.
 func TestSetModel(t *testing.T) {
@@ -24,6 +24,16 @@ func TestSetModel(t *testing.T) {
 				t.Fatalf("Add(%d) = %v with the index present: %v", i, got, model[i])
 			}
 			model[i] = true
+		}
+		for _, d := range rapid.SliceOf(rapid.Uint32Range(0, 90)).Draw(t, "removes") {
+			i := base + d
+			if i < base {
+				continue
+			}
+			if got := s.Remove(i); got != model[i] {
+				t.Fatalf("Remove(%d) = %v with the index present: %v", i, got, model[i])
+			}
+			delete(model, i)
 		}
 		if s.Len() != len(model) {
 			t.Fatalf("Len %d, model %d", s.Len(), len(model))

@@ -127,7 +127,7 @@ var ops = [...]opSpec{
 	OpFence:       {name: "fence"},
 	OpStat:        {name: "stat", flags: FlagRecovery},
 	OpList:        {name: "list", bounds: boundsList},
-	OpChecksum:    {name: "checksum", bounds: boundsObject},
+	OpChecksum:    {name: "checksum", bounds: boundsObject, flags: FlagRecovery},
 	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
 	OpAdmin:       {name: "admin", payload: true},
 	OpListFor:     {name: "list-for", payload: true, maxPayload: MaxHelloPayload, bounds: boundsCursor},
@@ -159,9 +159,10 @@ const (
 	// FlagNoUnmap asks OpWriteZeroes to allocate the range rather than
 	// deallocate it (NBD's NO_HOLE).
 	FlagNoUnmap Flags = 1 << 1
-	// FlagRecovery asks OpRead and OpExtents for the copy as the node
-	// holds it, suspect or not, without recovering it first: recovery
-	// reads the source it chose, as it is.
+	// FlagRecovery asks OpRead, OpExtents and OpChecksum for the copy
+	// as the node holds it, suspect or not, without recovering it first
+	// and past any gate: recovery reads the source it chose, as it is,
+	// and a gate's release rule compares the copies as they are.
 	FlagRecovery Flags = 1 << 2
 	// FlagCurrent asks OpRead and OpExtents to be served only from a
 	// copy already known current, and refused with StatusSuspect at once
