@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,10 +18,13 @@ type Allocation interface {
 	// Allocated returns the objects in the map.
 	Allocated(ctx context.Context) (*object.Set, error)
 	// MarkAllocated adds the objects idx; it returns once they are
-	// durable.
-	MarkAllocated(ctx context.Context, idx []uint32) error
-	// UnmarkAllocated takes the objects idx out.
-	UnmarkAllocated(ctx context.Context, idx []uint32) error
+	// durable. It changes nothing unless the VDI's lock is still the one
+	// of token, and then fails with an error wrapping ErrRevoked: a
+	// writer fenced off marks nothing.
+	MarkAllocated(ctx context.Context, token uint64, idx []uint32) error
+	// UnmarkAllocated takes the objects idx out, under token as
+	// MarkAllocated.
+	UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error
 }
 
 // markBatch is the objects one MarkAllocated adds for the writes that
@@ -132,7 +136,7 @@ func (d *Device) unmark(ctx context.Context, i uint32) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.RetryTimeout)
 	defer cancel()
-	if err := d.cfg.Allocation.UnmarkAllocated(ctx, []uint32{i}); err != nil {
+	if err := d.cfg.Allocation.UnmarkAllocated(ctx, d.token.Load(), []uint32{i}); err != nil {
 		return
 	}
 	d.amu.Lock()
@@ -141,14 +145,19 @@ func (d *Device) unmark(ctx context.Context, i uint32) {
 }
 
 // sendMarks adds idx to the map, trying again while etcd does not answer,
-// for at most RetryTimeout or until Close.
+// for at most RetryTimeout or until Close. A refusal for the token is
+// final unless the device took its lock again meanwhile (Retoken).
 func (d *Device) sendMarks(idx []uint32) error {
 	ctx, cancel := context.WithTimeout(d.bg, d.cfg.RetryTimeout)
 	defer cancel()
 	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
-		err := d.cfg.Allocation.MarkAllocated(ctx, idx)
+		tok := d.token.Load()
+		err := d.cfg.Allocation.MarkAllocated(ctx, tok, idx)
 		if err == nil {
 			return nil
+		}
+		if errors.Is(err, ErrRevoked) && d.token.Load() == tok {
+			return fmt.Errorf("gateway: vdi %s: adding %d objects to the allocation map: %w", d.cfg.Name, len(idx), err)
 		}
 		select {
 		case <-ctx.Done():

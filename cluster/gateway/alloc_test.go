@@ -25,6 +25,9 @@ type memAlloc struct {
 	calls int
 	delay time.Duration
 	fail  error
+	// fenceBelow refuses tokens below it, as the lock does a writer
+	// fenced off.
+	fenceBelow uint64
 }
 
 func (a *memAlloc) Allocated(ctx context.Context) (*object.Set, error) {
@@ -35,7 +38,7 @@ func (a *memAlloc) Allocated(ctx context.Context) (*object.Set, error) {
 	return &s, nil
 }
 
-func (a *memAlloc) MarkAllocated(ctx context.Context, idx []uint32) error {
+func (a *memAlloc) MarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
 	time.Sleep(a.delay)
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -43,13 +46,16 @@ func (a *memAlloc) MarkAllocated(ctx context.Context, idx []uint32) error {
 	if a.fail != nil {
 		return a.fail
 	}
+	if token < a.fenceBelow {
+		return fmt.Errorf("%w: token %d", gateway.ErrRevoked, token)
+	}
 	for _, i := range idx {
 		a.set.Add(i)
 	}
 	return nil
 }
 
-func (a *memAlloc) UnmarkAllocated(ctx context.Context, idx []uint32) error {
+func (a *memAlloc) UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.calls++
@@ -272,4 +278,29 @@ func TestAllocationGathers(t *testing.T) {
 		t.Fatalf("%d MarkAllocated calls for 16 first writes at once; want them gathered (at most 4)", a.calls)
 	}
 	t.Logf("16 first writes, %d calls", a.calls)
+}
+
+// TestAllocationFencedWriter: a writer whose lock went elsewhere marks
+// nothing: its first write of a new object fails at once with
+// ErrRevoked (EPERM), not after the retry timeout, and no replica gets
+// its data.
+func TestAllocationFencedWriter(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	a := &memAlloc{}
+	mc := &markCheck{next: c.net, a: a}
+	d := openMapped(t, c, a, mc, 1, 5*time.Second)
+	a.mu.Lock()
+	a.fenceBelow = 2
+	a.mu.Unlock()
+	start := time.Now()
+	_, err := d.WriteAt(ctx, fill(1, 4096), 3<<object.MinSizeShift, 0)
+	if !errors.Is(err, gateway.ErrRevoked) {
+		t.Fatalf("first write of a fenced writer: %v, want ErrRevoked", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("refused after %v: the refusal was retried", el)
+	}
+	if mc.writes != 0 || a.has(3) {
+		t.Fatalf("%d writes reached replicas; object in the map %v", mc.writes, a.has(3))
+	}
 }

@@ -70,7 +70,9 @@
 //     nothing: such an object reads as zeros whether or not a copy
 //     survives. A crash, or etcd away, between a removal and its unmark
 //     leaves the object in the map: a false alarm of check, never a
-//     loss unseen.
+//     loss unseen. A mark or unmark requires the device's lock (its
+//     token) in the same etcd transaction: a writer fenced off changes
+//     nothing, the map included, and its write fails with ErrRevoked.
 //
 // Locking: mu guards dirty, closed, lost and gate only; smu guards the
 // settle queues only; amu the allocation marks only; none is held with

@@ -56,21 +56,24 @@ func (c *Client) Allocated(ctx context.Context, id object.VDI) (*object.Set, err
 // MarkAllocated adds the objects idx of VDI id to its allocation map,
 // in one transaction over the chunks they fall in (compared by
 // revision, and tried again when another writer changed one meanwhile).
-// It returns once etcd has the marks.
-func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, idx []uint32) error {
-	return c.changeAllocated(ctx, id, idx, true)
+// It returns once etcd has the marks. With a token (not 0), the
+// transaction also requires that the VDI's lock is still the one of that
+// token, and fails with ErrNotLocked otherwise: a writer fenced off
+// changes nothing, the map included.
+func (c *Client) MarkAllocated(ctx context.Context, id object.VDI, token uint64, idx []uint32) error {
+	return c.changeAllocated(ctx, id, token, idx, true)
 }
 
 // UnmarkAllocated takes the objects idx of VDI id out of its allocation
 // map, as MarkAllocated adds them; a chunk left empty is deleted. The
 // caller must know that no node holds data of them (every replica
 // removed them) and that no write of them is under way.
-func (c *Client) UnmarkAllocated(ctx context.Context, id object.VDI, idx []uint32) error {
-	return c.changeAllocated(ctx, id, idx, false)
+func (c *Client) UnmarkAllocated(ctx context.Context, id object.VDI, token uint64, idx []uint32) error {
+	return c.changeAllocated(ctx, id, token, idx, false)
 }
 
-// changeAllocated adds (mark) or takes out idx.
-func (c *Client) changeAllocated(ctx context.Context, id object.VDI, idx []uint32, mark bool) error {
+// changeAllocated adds (mark) or takes out idx, under token's lock.
+func (c *Client) changeAllocated(ctx context.Context, id object.VDI, token uint64, idx []uint32, mark bool) error {
 	if err := c.checkOpen(); err != nil {
 		return err
 	}
@@ -130,12 +133,19 @@ func (c *Client) changeAllocated(ctx context.Context, id object.VDI, idx []uint3
 		if len(puts) == 0 {
 			return nil // nothing to change
 		}
-		tr, err := c.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+		lk := c.k.lock(id)
+		if token != 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(lk), "=", int64(token)))
+		}
+		tr, err := c.cli.Txn(ctx).If(cmps...).Then(puts...).Else(clientv3.OpGet(lk)).Commit()
 		if err != nil {
 			return fmt.Errorf("membership: "+what+": %w", id, err)
 		}
 		if tr.Succeeded {
 			return nil
+		}
+		if kvs := tr.Responses[0].GetResponseRange().Kvs; token != 0 && (len(kvs) == 0 || uint64(kvs[0].CreateRevision) != token) {
+			return fmt.Errorf("membership: "+what+" under token %d: %w", id, token, ErrNotLocked)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package membership
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -37,7 +38,7 @@ func TestAllocationMap(t *testing.T) {
 				// Shared indices (j) and each writer's own, across two
 				// chunks.
 				idx := []uint32{uint32(j), uint32(object.SetChunk + 100*w + j)}
-				if err := cc.MarkAllocated(ctx, v.ID, idx); err != nil {
+				if err := cc.MarkAllocated(ctx, v.ID, 0, idx); err != nil {
 					t.Error(err)
 					return
 				}
@@ -64,7 +65,7 @@ func TestAllocationMap(t *testing.T) {
 		t.Fatalf("map holds %v, want %v", got, exp)
 	}
 	// Marking what is there already writes nothing and fails nothing.
-	if err := c.MarkAllocated(ctx, v.ID, exp[:3]); err != nil {
+	if err := c.MarkAllocated(ctx, v.ID, 0, exp[:3]); err != nil {
 		t.Fatal(err)
 	}
 	// Unmarking every object of the second chunk deletes its key; the
@@ -75,7 +76,7 @@ func TestAllocationMap(t *testing.T) {
 			second = append(second, i)
 		}
 	}
-	if err := c.UnmarkAllocated(ctx, v.ID, append(second, 0)); err != nil {
+	if err := c.UnmarkAllocated(ctx, v.ID, 0, append(second, 0)); err != nil {
 		t.Fatal(err)
 	}
 	s, err = c.Allocated(ctx, v.ID)
@@ -116,5 +117,47 @@ func TestAllocationKeyRefused(t *testing.T) {
 		if _, err := c.cli.Delete(ctx, key); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestAllocationFenced: a mark or unmark under a token is refused with
+// ErrNotLocked, changing nothing, once the lock is not that token's (a
+// writer fenced off), and taken while it is.
+func TestAllocationFenced(t *testing.T) {
+	t.Parallel()
+	c, regs := formatted(t, 1, 0)
+	v, err := c.CreateVDI(ctx, VDI{Name: "fenced", Size: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Lock(ctx, regs[0], "fenced", "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MarkAllocated(ctx, v.ID, l.Token, []uint32{1}); err != nil {
+		t.Fatalf("mark under the lock's token: %v", err)
+	}
+	if _, err := c.BreakLock(ctx, "fenced"); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := c.Lock(ctx, regs[0], "fenced", "gw2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MarkAllocated(ctx, v.ID, l.Token, []uint32{2}); !errors.Is(err, ErrNotLocked) {
+		t.Fatalf("mark under a broken lock's token: %v, want ErrNotLocked", err)
+	}
+	if err := c.UnmarkAllocated(ctx, v.ID, l.Token, []uint32{1}); !errors.Is(err, ErrNotLocked) {
+		t.Fatalf("unmark under a broken lock's token: %v, want ErrNotLocked", err)
+	}
+	s, err := c.Allocated(ctx, v.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Has(1) || s.Has(2) {
+		t.Fatalf("a fenced writer changed the map: object 1 %v (want in), 2 %v (want out)", s.Has(1), s.Has(2))
+	}
+	if err := c.MarkAllocated(ctx, v.ID, l2.Token, []uint32{2}); err != nil {
+		t.Fatalf("mark under the new token: %v", err)
 	}
 }

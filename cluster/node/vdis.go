@@ -438,10 +438,19 @@ func (a vdiAllocation) Allocated(ctx context.Context) (*object.Set, error) {
 	return a.mc.Allocated(ctx, a.id)
 }
 
-func (a vdiAllocation) MarkAllocated(ctx context.Context, idx []uint32) error {
-	return a.mc.MarkAllocated(ctx, a.id, idx)
+func (a vdiAllocation) MarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
+	return revokedIfUnlocked(a.mc.MarkAllocated(ctx, a.id, token, idx))
 }
 
-func (a vdiAllocation) UnmarkAllocated(ctx context.Context, idx []uint32) error {
-	return a.mc.UnmarkAllocated(ctx, a.id, idx)
+func (a vdiAllocation) UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
+	return revokedIfUnlocked(a.mc.UnmarkAllocated(ctx, a.id, token, idx))
+}
+
+// revokedIfUnlocked says a refusal for a lock that is no longer the
+// token's as the gateway knows it: the device's lock went elsewhere.
+func revokedIfUnlocked(err error) error {
+	if errors.Is(err, membership.ErrNotLocked) {
+		return fmt.Errorf("%w: %w", gateway.ErrRevoked, err)
+	}
+	return err
 }
