@@ -276,7 +276,7 @@ func (n *Node) adminCmd(ctx context.Context, ar AdminRequest, data []byte) (any,
 		if err != nil {
 			return nil, nil, err
 		}
-		s, err := mc.Allocated(ctx, vd.ID)
+		s, err := n.allocatedForCheck(ctx, vd)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -530,6 +530,26 @@ func (n *Node) removeObjects(ctx context.Context, vd membership.VDI) {
 	}
 }
 
+// allocatedForCheck is vd's allocation map without the objects an
+// operator gave up (ovis cluster mark-lost): reading as zeros is what
+// was chosen for those, so their absence is no problem of check's.
+func (n *Node) allocatedForCheck(ctx context.Context, vd membership.VDI) (*object.Set, error) {
+	s, err := n.mc.Allocated(ctx, vd.ID)
+	if err != nil {
+		return nil, err
+	}
+	lost, err := n.mc.Lost(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for obj := range lost {
+		if obj.VDI() == vd.ID {
+			s.Remove(obj.Index())
+		}
+	}
+	return s, nil
+}
+
 // check compares every replica of every object, for the admin command.
 func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	// The view first: a table read after it has every change of copies
@@ -539,7 +559,5 @@ func (n *Node) check(ctx context.Context) (*CheckReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Check(ctx, n.net, v, vs, func(ctx context.Context, vd membership.VDI) (*object.Set, error) {
-		return n.mc.Allocated(ctx, vd.ID)
-	}, nil)
+	return Check(ctx, n.net, v, vs, n.allocatedForCheck, nil)
 }
