@@ -92,11 +92,14 @@ func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exe
 		if t.Failed() {
 			var warn []string
 			for _, l := range strings.Split(n.stderr.String(), "\n") {
-				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				// Recovery's decisions that change or withhold a copy
+				// are logged at info; a failed test wants them too.
+				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
+					strings.Contains(l, "msg=\"recovery: ") || strings.Contains(l, "msg=\"recovery listed") {
 					warn = append(warn, l)
 				}
 			}
-			t.Logf("node %s: its warnings and errors:\n%s", dir, strings.Join(warn[max(0, len(warn)-40):], "\n"))
+			t.Logf("node %s: its warnings, errors and recovery decisions:\n%s", dir, strings.Join(warn[max(0, len(warn)-60):], "\n"))
 		}
 	})
 	deadline := time.After(60 * time.Second)
