@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -26,18 +27,51 @@ const agreeWait = 2 * time.Second
 // flight differs until it lands everywhere. Any error, or a node that
 // does not answer, is a no: the gate stays (at most GateMaxAge).
 func (r *recoverer) agreed(obj object.ID, e uint64) bool {
+	ok, why := r.agree(obj, e)
+	if !ok {
+		r.noteDisagreement(obj, why)
+	}
+	return ok
+}
+
+// disagreeLog is how often at most one object's disagreement is logged.
+const disagreeLog = 10 * time.Second
+
+// noteDisagreement logs why obj's copies do not agree, at most once per
+// disagreeLog per object: a gate or hide that stays says why.
+func (r *recoverer) noteDisagreement(obj object.ID, why string) {
+	now := time.Now()
+	r.mu.Lock()
+	if r.disagreed == nil {
+		r.disagreed = map[object.ID]time.Time{}
+	}
+	last, seen := r.disagreed[obj]
+	if seen && now.Sub(last) < disagreeLog {
+		r.mu.Unlock()
+		return
+	}
+	r.disagreed[obj] = now
+	if len(r.disagreed) > 4096 {
+		clear(r.disagreed) // a bound, not a history
+	}
+	r.mu.Unlock()
+	r.n.log.Info("gate kept: the copies do not agree yet", "object", obj.String(), "why", why)
+}
+
+// agree is agreed, with why not.
+func (r *recoverer) agree(obj object.ID, e uint64) (bool, string) {
 	if !r.current(obj, e) {
-		return false
+		return false, "this copy is not known current"
 	}
 	v := r.n.views.View()
 	if v.Epoch != e {
-		return false
+		return false, fmt.Sprintf("the node moved from epoch %d to %d", e, v.Epoch)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), agreeWait)
 	defer cancel()
 	reps, err := r.replicas(ctx, v, obj)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	// none: the node holds nothing of obj, or a tombstone.
 	type sum struct {
@@ -50,7 +84,7 @@ func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 	case errors.Is(err, store.ErrNotFound):
 		own.none = true
 	case err != nil:
-		return false
+		return false, "this copy: " + err.Error()
 	default:
 		own.crc = crc
 	}
@@ -60,7 +94,7 @@ func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 		}
 		addr, ok := v.Addr[id]
 		if !ok {
-			return false
+			return false, "replica " + id + " has no address"
 		}
 		var resp protocol.Response
 		req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
@@ -70,15 +104,15 @@ func (r *recoverer) agreed(obj object.ID, e uint64) bool {
 		case protocol.StatusOf(err) == protocol.StatusNoEnt:
 			in.none = true
 		case err != nil:
-			return false
+			return false, "replica " + id + ": " + err.Error()
 		default:
 			if in.crc, _, err = protocol.ParseChecksumReply(resp.Payload); err != nil {
-				return false
+				return false, "replica " + id + ": " + err.Error()
 			}
 		}
 		if in != own {
-			return false
+			return false, fmt.Sprintf("replica %s holds %+v, this node %+v", id, in, own)
 		}
 	}
-	return true
+	return true, ""
 }

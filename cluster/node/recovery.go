@@ -68,6 +68,10 @@ type recoverer struct {
 	holdRuns atomic.Pointer[chan struct{}]
 	noHide   atomic.Bool
 
+	// disagreed is when agreed last logged each object's disagreement
+	// (guarded by mu).
+	disagreed map[object.ID]time.Time
+
 	mu      sync.Mutex
 	epoch   uint64 // the epoch of the run under way (or last run)
 	listed  bool   // the run's listing is complete: pending is exact

@@ -95,7 +95,7 @@ func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exe
 				// Recovery's decisions that change or withhold a copy
 				// are logged at info; a failed test wants them too.
 				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
-					strings.Contains(l, "msg=\"recovery: ") || strings.Contains(l, "msg=\"recovery listed") {
+					strings.Contains(l, "msg=\"recovery: ") || strings.Contains(l, "msg=\"recovery listed") || strings.Contains(l, "msg=\"gate kept") {
 					warn = append(warn, l)
 				}
 			}
