@@ -46,8 +46,12 @@ go vet ./...
 # follows. The timeout only catches hangs: it leaves room for a slow
 # shared host.
 cluster='^Test(Cluster|Guest)'
-# Compiled once first, so that the two do not compile it side by side.
+# Compiled once first, so that the two do not compile it side by side:
+# the test binary, and the ovis binaries (plain and -race) that
+# cmd/ovis's TestMain builds in each of the two, which then only link.
 go test -race -c -o /dev/null ./cmd/ovis
+go build -o /dev/null ./cmd/ovis
+go build -race -o /dev/null ./cmd/ovis
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 go test -race -timeout 45m -run "$cluster" ./cmd/ovis >"$log" 2>&1 &
