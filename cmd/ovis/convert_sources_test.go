@@ -21,7 +21,7 @@ import (
 // 2 MiB image to convert into).
 func convertInputs(t *testing.T, dir string) {
 	t.Helper()
-	copyDir(t, sharedFixture(t, "convert-inputs", buildConvertInputs), dir)
+	fromFixture(t, "convert-inputs", buildConvertInputs, dir)
 }
 
 // buildConvertInputs makes convertInputs' files in dir, which tests share

@@ -144,10 +144,55 @@ var fixtures struct {
 
 type fixture struct {
 	once sync.Once
-	dir  string // "" when building it failed
+	dir  string // "" when building it failed or it names itself
+	// self: the fixture names its own folder (refersToItself).
+	self bool
 }
 
 var fixtureRoot string
+
+// sharedFixture returns a folder that build (which gets a test of its
+// own, run by the first caller) filled once for every test of the
+// binary; the caller must only read it. It fails the test when build
+// failed, for this caller or an earlier one. A fixture whose files name
+// its own folder by absolute path (a data file created by full path)
+// cannot be copied: shared is then false, and the caller must build its
+// own.
+func sharedFixture(t *testing.T, name string, build func(t *testing.T, dir string)) (dir string, shared bool) {
+	t.Helper()
+	fixtures.mu.Lock()
+	if fixtures.dirs == nil {
+		fixtures.dirs = map[string]*fixture{}
+	}
+	f := fixtures.dirs[name]
+	if f == nil {
+		f = &fixture{}
+		fixtures.dirs[name] = f
+	}
+	fixtures.mu.Unlock()
+	f.once.Do(func() {
+		dir := filepath.Join(fixtureRoot, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Errorf("fixture %s: %v", name, err)
+			return
+		}
+		build(t, dir)
+		switch {
+		case t.Failed():
+		case refersToItself(t, dir):
+			f.self = true
+		default:
+			f.dir = dir
+		}
+	})
+	if f.self {
+		return "", false
+	}
+	if f.dir == "" {
+		t.Fatalf("fixture %s could not be built (see the first test that used it)", name)
+	}
+	return f.dir, true
+}
 
 // refersToItself reports whether a file under dir holds dir's absolute
 // path (a backing or data file named by it): copies of dir would then
@@ -174,10 +219,17 @@ func refersToItself(t *testing.T, dir string) bool {
 
 // twinFixture is twinDirs for a setup that makes the same files whenever
 // it runs: it runs once per key for the whole test binary (fromFixture).
+// A setup whose files name their own folder is run per test, as
+// twinDirs does.
 func twinFixture(t *testing.T, key string, setup func(t *testing.T, dir string)) (qdir, odir string) {
 	t.Helper()
+	src, shared := sharedFixture(t, key, setup)
+	if !shared {
+		return twinDirs(t, setup)
+	}
 	qdir, odir = t.TempDir(), t.TempDir()
-	fromFixture(t, key, setup, qdir, odir)
+	copyTree(t, src, qdir)
+	copyTree(t, src, odir)
 	return qdir, odir
 }
 
@@ -186,46 +238,13 @@ func twinFixture(t *testing.T, key string, setup func(t *testing.T, dir string))
 // give qemu-img and ovis each the same files to start from.
 func fromFixture(t *testing.T, name string, build func(t *testing.T, dir string), dirs ...string) {
 	t.Helper()
-	src := sharedFixture(t, name, build)
+	src, shared := sharedFixture(t, name, build)
+	if !shared {
+		t.Fatalf("fixture %s names its own folder by absolute path: its copies would share its files", name)
+	}
 	for _, d := range dirs {
 		copyTree(t, src, d)
 	}
-}
-
-// sharedFixture returns a folder that build (which gets a test of its
-// own, run by the first caller) filled once for every test of the
-// binary; the caller must only read it. It fails the test when build
-// failed, for this caller or an earlier one.
-func sharedFixture(t *testing.T, name string, build func(t *testing.T, dir string)) string {
-	t.Helper()
-	fixtures.mu.Lock()
-	if fixtures.dirs == nil {
-		fixtures.dirs = map[string]*fixture{}
-	}
-	f := fixtures.dirs[name]
-	if f == nil {
-		f = &fixture{}
-		fixtures.dirs[name] = f
-	}
-	fixtures.mu.Unlock()
-	f.once.Do(func() {
-		dir := filepath.Join(fixtureRoot, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Errorf("fixture %s: %v", name, err)
-			return
-		}
-		build(t, dir)
-		if !t.Failed() && refersToItself(t, dir) {
-			t.Errorf("fixture %s names its own folder %s: the copies would share its files", name, dir)
-		}
-		if !t.Failed() {
-			f.dir = dir
-		}
-	})
-	if f.dir == "" {
-		t.Fatalf("fixture %s could not be built (see the first test that used it)", name)
-	}
-	return f.dir
 }
 
 // bothRun runs `qemu-img args` in qdir and `ovis img args` in odir and
