@@ -273,9 +273,35 @@ func bothRun(t *testing.T, qdir, odir string, args []string, hide ...*regexp.Reg
 // image.
 func sameImages(t *testing.T, qdir, odir string, names ...string) {
 	t.Helper()
-	if sameFolders(t, qdir, odir) {
+	compareImages(t, qdir, odir, names)
+}
+
+// sameImagesClean is sameImages, and then checkClean of ovis's images:
+// their qemu-img check, run by the comparison, must have exited 0 (no
+// corruption, leak or check error), without running it twice.
+func sameImagesClean(t *testing.T, qdir, odir string, names ...string) {
+	t.Helper()
+	checks := compareImages(t, qdir, odir, names)
+	if checks == nil { // the folders are alike: nothing was run
+		checkClean(t, odir, names...)
 		return
 	}
+	for _, n := range names {
+		if c := checks[n]; strings.HasSuffix(n, ".qcow2") && c.code != 0 {
+			t.Errorf("qemu-img check %s as ovis left it: exit %d (1 check failed, 2 corrupt, 3 leaks)\n%s%s", n, c.code, c.stdout, c.stderr)
+		}
+	}
+}
+
+// compareImages is sameImages; it returns qemu-img check's result on
+// each of ovis's images, or nil when the folders were alike and nothing
+// ran.
+func compareImages(t *testing.T, qdir, odir string, names []string) map[string]result {
+	t.Helper()
+	if sameFolders(t, qdir, odir) {
+		return nil
+	}
+	checks := map[string]result{}
 	for _, n := range names {
 		// Each image is read from its own folder, where QEMU looks for
 		// external data files.
@@ -299,7 +325,9 @@ func sameImages(t *testing.T, qdir, odir string, names ...string) {
 		if qc.code != oc.code {
 			t.Errorf("qemu-img check of %s: exit %d as ovis left it, %d as qemu-img did\n%s%s", n, oc.code, qc.code, oc.stdout, oc.stderr)
 		}
+		checks[n] = oc
 	}
+	return checks
 }
 
 // sameFolders reports whether the folders a and b hold the same names,
