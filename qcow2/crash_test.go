@@ -1,7 +1,6 @@
 package qcow2
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"math/rand"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/ovis-storage/ovis/block"
 )
@@ -129,6 +129,9 @@ type crashModel struct {
 	writes []apiWrite
 	cps    []checkpoint
 	seq    int
+	// verifyBlock's scratch buffers.
+	durSeq []int
+	ok     []bool
 }
 
 func newCrashModel(size int64) *crashModel {
@@ -180,7 +183,7 @@ func (m *crashModel) verify(got []byte, syncs int) error {
 	const block = 4096
 	for lo := int64(0); lo < int64(len(got)); lo += block {
 		hi := min(lo+block, int64(len(got)))
-		if bytes.Equal(got[lo:hi], cp.durable[lo:hi]) {
+		if sameBytes(got[lo:hi], cp.durable[lo:hi]) {
 			continue
 		}
 		if err := m.verifyBlock(cp, got, lo, hi); err != nil {
@@ -191,12 +194,19 @@ func (m *crashModel) verify(got []byte, syncs int) error {
 }
 
 // verifyBlock is verify for got[lo:hi], byte by byte.
+//
+//go:norace
 func (m *crashModel) verifyBlock(cp checkpoint, got []byte, lo, hi int64) error {
 	overlap := func(w *apiWrite) (int64, int64) {
 		return max(lo, w.off), min(hi, w.off+int64(len(w.data)))
 	}
 	// durSeq: the write each byte's durable value came from (0: none).
-	durSeq := make([]int, hi-lo)
+	// It and ok reuse the model's buffers: blocks are at most 4 KiB.
+	if int64(len(m.durSeq)) < hi-lo {
+		m.durSeq, m.ok = make([]int, hi-lo), make([]bool, hi-lo)
+	}
+	durSeq, ok := m.durSeq[:hi-lo], m.ok[:hi-lo]
+	clear(durSeq)
 	for wi := range m.writes {
 		w := &m.writes[wi]
 		if w.discard || (w.seq > cp.flushSeq && !slices.Contains(cp.fuaSeqs, w.seq)) {
@@ -207,7 +217,6 @@ func (m *crashModel) verifyBlock(cp checkpoint, got []byte, lo, hi int64) error 
 			durSeq[k-lo] = max(durSeq[k-lo], w.seq)
 		}
 	}
-	ok := make([]bool, hi-lo)
 	for k := lo; k < hi; k++ {
 		ok[k-lo] = got[k] == cp.durable[k]
 	}
@@ -414,18 +423,6 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 		if k < len(syncAt) {
 			end = syncAt[k]
 		}
-		state = append(state[:0], base...)
-		apply := func(o fileOp) {
-			if e := o.off + int64(len(o.data)); e > int64(len(state)) {
-				state = append(state, make([]byte, e-int64(len(state)))...)
-			}
-			copy(state[o.off:], o.data)
-		}
-		for _, o := range ops[:start] {
-			if !o.sync {
-				apply(o)
-			}
-		}
 		var pending []fileOp
 		for _, o := range ops[start:end] {
 			if !o.sync && rng.Intn(2) == 0 {
@@ -433,9 +430,7 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 			}
 		}
 		rng.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
-		for _, o := range pending {
-			apply(o)
-		}
+		state = crashState(state, base, ops[:start], pending)
 		useQemu := qemuChecked < *crashQemu && rng.Intn(max(states / *crashQemu, 1)) == 0
 		if err := checkCrashState(t, dir, state, &got, m, k, useQemu); err != nil {
 			return fmt.Errorf("%s: state %d (sync point %d of %d, %d of %d later writes applied): %v\nseed %d",
@@ -450,14 +445,66 @@ func runCrashWorkload(t *testing.T, wl crashWorkload, states int) error {
 	return nil
 }
 
+// The harness's own byte shuffling (building a state, comparing it with
+// the model) runs on one goroutine and is marked go:norace: under -race
+// each pass over a 4 MiB image cost a shadow update per 8 bytes, several
+// times per state and 400 states per workload, and made up most of the
+// crash tests' time. The engine's reads of each state stay instrumented.
+
+// crashState returns the crash state that is base with the writes of
+// done and then those of pending applied, built in dst's memory.
+//
+//go:norace
+func crashState(dst, base []byte, done, pending []fileOp) []byte {
+	// One allocation at most, of the final size: growing by appends
+	// allocated the image's size again in every state, and under -race
+	// each large allocation and free resets its shadow memory.
+	size := int64(len(base))
+	for _, ops := range [][]fileOp{done, pending} {
+		for _, o := range ops {
+			size = max(size, o.off+int64(len(o.data)))
+		}
+	}
+	if int64(cap(dst)) < size {
+		dst = make([]byte, 0, size)
+	}
+	dst = append(dst[:0], base...)
+	for _, ops := range [][]fileOp{done, pending} {
+		for _, o := range ops {
+			if o.sync {
+				continue
+			}
+			if e := o.off + int64(len(o.data)); e > int64(len(dst)) {
+				old := len(dst)
+				dst = dst[:e]
+				clear(dst[old:])
+			}
+			copy(dst[o.off:], o.data)
+		}
+	}
+	return dst
+}
+
+// sameBytes reports whether a and b hold the same bytes, without the
+// race detector's range checks (see crashState).
+//
+//go:norace
+func sameBytes(a, b []byte) bool {
+	return len(a) == len(b) && unsafe.String(unsafe.SliceData(a), len(a)) == unsafe.String(unsafe.SliceData(b), len(b))
+}
+
 // checkCrashState checks one crash state, reading the image into *got
-// (grown as needed).
+// (grown as needed). The engine opens the state in memory; it is written
+// to a file only for qemu-img check.
 func checkCrashState(t *testing.T, dir string, state []byte, got *[]byte, m *crashModel, syncs int, useQemu bool) error {
 	p := filepath.Join(dir, "crash.qcow2")
-	if err := os.WriteFile(p, state, 0o644); err != nil {
-		return err
-	}
-	img, err := Open(p, Options{ReadOnly: true})
+	mem := &recFile{cur: state}
+	img, err := Open(p, Options{ReadOnly: true, OpenFile: func(name string, _ bool) (block.File, error) {
+		if name != p {
+			return nil, fmt.Errorf("crash state: %s is not the image", name)
+		}
+		return mem, nil
+	}})
 	if err != nil {
 		return fmt.Errorf("open: %w", err)
 	}
@@ -480,6 +527,9 @@ func checkCrashState(t *testing.T, dir string, state []byte, got *[]byte, m *cra
 		return err
 	}
 	if useQemu {
+		if err := os.WriteFile(p, state, 0o644); err != nil {
+			return err
+		}
 		out, err := exec.Command("qemu-img", "check", "--output=json", p).CombinedOutput()
 		// Exit 3 means leaks only, which a crash may leave; exit 2 is
 		// accepted only for benign COPIED flags (see onlyBenign).

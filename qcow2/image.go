@@ -218,13 +218,37 @@ func openChain(path string, o Options, seen map[string]bool) (*Image, error) {
 	return img, nil
 }
 
+// readFirstCluster reads what parseHeader needs: the first cluster (the
+// header, its extensions, the backing file's name), or the whole file if
+// it is shorter. Its size is known from cluster_bits once the start is
+// read; the largest cluster size, 2 MiB, was read and allocated for every
+// image before, in each short `ovis img` run too. With cluster_bits out
+// of range, parseHeader gets the 2 MiB and refuses the image as before.
+func readFirstCluster(f block.File, fileSize int64) ([]byte, error) {
+	n := min(fileSize, 1<<MaxClusterBits)
+	var start [24]byte // to cluster_bits
+	if fileSize >= int64(len(start)) {
+		if err := block.ReadFull(f, start[:], 0); err != nil {
+			return nil, err
+		}
+		if bits := binary.BigEndian.Uint32(start[20:]); bits >= MinClusterBits && bits <= MaxClusterBits {
+			n = min(fileSize, 1<<bits)
+		}
+	}
+	first := make([]byte, n)
+	if err := block.ReadFull(f, first, 0); err != nil {
+		return nil, err
+	}
+	return first, nil
+}
+
 func openFile(f block.File, path string, o Options, seen map[string]bool) (*Image, error) {
 	fileSize, err := f.Size()
 	if err != nil {
 		return nil, fmt.Errorf("qcow2: %s: %w", path, err)
 	}
-	first := make([]byte, min(fileSize, 1<<MaxClusterBits))
-	if err := block.ReadFull(f, first, 0); err != nil {
+	first, err := readFirstCluster(f, fileSize)
+	if err != nil {
 		return nil, fmt.Errorf("qcow2: %s: reading header: %w", path, err)
 	}
 	h, err := parseHeader(first, fileSize, o.ForCheck)

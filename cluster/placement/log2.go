@@ -1,6 +1,9 @@
 package placement
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync"
+)
 
 // The weighted score needs -log2 of a uniform 64-bit value. It is
 // computed with integers only, from a table also built with integers
@@ -13,16 +16,18 @@ const (
 	logInterp    = 64 - logTableBits
 )
 
-// log2Table[i] is log2(1 + i/2^logTableBits) with logFrac fractional
-// bits, rounded down.
-var log2Table = func() *[1<<logTableBits + 1]uint64 {
+// log2Table returns the table whose entry i is log2(1 + i/2^logTableBits)
+// with logFrac fractional bits, rounded down. It is built on first use,
+// not at init: building it takes over a millisecond, which every ovis
+// process paid, `ovis img` runs included, that never place an object.
+var log2Table = sync.OnceValue(func() *[1<<logTableBits + 1]uint64 {
 	var t [1<<logTableBits + 1]uint64
 	for i := range 1 << logTableBits {
 		t[i] = log2Fixed(uint64(1)<<62 + uint64(i)<<(62-logTableBits))
 	}
 	t[1<<logTableBits] = 1 << logFrac // log2(2), outside log2Fixed's domain
 	return &t
-}()
+})
 
 // log2Fixed returns log2(x/2^62) for x in [2^62, 2^63), that is for
 // values in [1, 2) with 62 fractional bits, with logFrac fractional
@@ -53,7 +58,8 @@ func negLog2(h uint64) uint64 {
 	f := h << (63 - e) << 1 // the fraction after the leading 1, 64 bits
 	i := f >> logInterp
 	rem := f << logTableBits >> logTableBits // low logInterp bits
-	lo0, lo1 := log2Table[i], log2Table[i+1]
+	t := log2Table()
+	lo0, lo1 := t[i], t[i+1]
 	hi, lo := bits.Mul64(lo1-lo0, rem)
 	frac := lo0 + (hi<<(64-logInterp) | lo>>logInterp)
 	return uint64(64-e)<<logFrac - frac

@@ -32,7 +32,7 @@ func TestNegLog2(t *testing.T) {
 }
 
 func TestLog2Table(t *testing.T) {
-	for i, v := range log2Table {
+	for i, v := range log2Table() {
 		want := math.Log2(1 + float64(i)/(1<<logTableBits))
 		if got := float64(v) / (1 << logFrac); math.Abs(got-want) > 1e-14 {
 			t.Errorf("log2Table[%d] = %.17f, want %.17f", i, got, want)

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -131,14 +135,34 @@ func TestAmendMatchesQemu(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			qdir, odir := twinDirs(t, tt.setup)
+			// before is what ovis's snapshots read now (nil: not known
+			// yet), and compared the bytes of both folders when they
+			// last passed sameAmended. A step that starts and ends on
+			// that state byte for byte (most usage and option errors)
+			// would compare the same files again, with ten or more
+			// qemu-img runs: it is not compared twice. Its messages and
+			// exit code still are.
+			var before map[string]string
+			compared := ""
 			for _, s := range tt.steps {
 				if strings.HasPrefix(s, "!") {
 					amendBoth(t, qdir, odir, s)
+					before = nil
 					continue
 				}
-				before := snapshotContents(t, odir, "a.qcow2")
+				if before == nil {
+					before = snapshotContents(t, odir, "a.qcow2")
+				}
+				was := dirsFingerprint(t, qdir, odir)
 				amendBoth(t, qdir, odir, s)
-				sameAmended(t, qdir, odir, "a.qcow2", s, before, tt.qemuCorrupts)
+				now := dirsFingerprint(t, qdir, odir)
+				if was == compared && now == compared {
+					continue
+				}
+				before = sameAmended(t, qdir, odir, "a.qcow2", s, before, tt.qemuCorrupts)
+				if !t.Failed() {
+					compared = now
+				}
 			}
 		})
 	}
@@ -216,8 +240,8 @@ func splitQuoted(s string) []string {
 
 // sameAmended compares the image name as qemu-img (in qdir) and ovis (in
 // odir) left it after step; before holds raw copies of what ovis's
-// snapshots read before the step.
-func sameAmended(t *testing.T, qdir, odir, name, step string, before map[string]string, qemuCorrupts bool) {
+// snapshots read before the step. It returns those of after the step.
+func sameAmended(t *testing.T, qdir, odir, name, step string, before map[string]string, qemuCorrupts bool) map[string]string {
 	t.Helper()
 	if q, o := infoJSON(t, qdir, name), infoJSON(t, odir, name); q != o {
 		t.Errorf("after amend %s: qemu-img info differs\nqemu-img's: %s\n    ovis's: %s", step, q, o)
@@ -231,8 +255,8 @@ func sameAmended(t *testing.T, qdir, odir, name, step string, before map[string]
 			t.Fatalf("after amend %s: qemu-img convert %s: %s", step, dir, r.stderr)
 		}
 	}
-	if r := qemuImg(t, "", "compare", "-f", "raw", "-F", "raw", raws[0], raws[1]); r.code != 0 {
-		t.Errorf("after amend %s: the images read differently: exit %d\n%s%s", step, r.code, r.stdout, r.stderr)
+	if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+		t.Errorf("after amend %s: the images read differently: %s", step, d)
 	}
 	oc := qemuImg(t, odir, "check", "-U", name)
 	if oc.code != 0 {
@@ -250,7 +274,7 @@ func sameAmended(t *testing.T, qdir, odir, name, step string, before map[string]
 		theirs = snapshotContents(t, qdir, name)
 	}
 	same := func(a, b string) bool {
-		return a != "" && b != "" && qemuImg(t, "", "compare", "-f", "raw", "-F", "raw", a, b).code == 0
+		return a != "" && b != "" && rawMismatch(t, a, b) == ""
 	}
 	for id, raw := range after {
 		// qemu-img convert -l shows a snapshot at the image's current
@@ -262,6 +286,33 @@ func sameAmended(t *testing.T, qdir, odir, name, step string, before map[string]
 			t.Errorf("after amend %s: snapshot %s reads differently than qemu-img's", step, id)
 		}
 	}
+	return after
+}
+
+// dirsFingerprint returns a SHA-256 of the names and bytes of the regular
+// files in the folders dirs, in order.
+func dirsFingerprint(t *testing.T, dirs ...string) string {
+	t.Helper()
+	h := sha256.New()
+	for _, dir := range dirs {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatalf("fingerprint of %s: %v", dir, err)
+		}
+		fmt.Fprintf(h, "dir %d\n", len(ents))
+		for _, e := range ents {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+			if err != nil {
+				t.Fatalf("fingerprint of %s: %v", dir, err)
+			}
+			fmt.Fprintf(h, "%q %d\n", e.Name(), len(b))
+			h.Write(b)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // samePrefix reports whether two files hold the same bytes up to the end

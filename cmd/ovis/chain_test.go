@@ -60,7 +60,7 @@ func TestCommitMatchesQemu(t *testing.T) {
 		} {
 			t.Run(base+"/"+tt.name, func(t *testing.T) {
 				t.Parallel()
-				qdir, odir := twinDirs(t, threeDeep(base, ""))
+				qdir, odir := twinFixture(t, "three-deep-"+base, threeDeep(base, ""))
 				args := append([]string{"commit"}, strings.Fields(strings.ReplaceAll(tt.args, "BASE", base))...)
 				bothRun(t, qdir, odir, args)
 				sameImages(t, qdir, odir, append(chainFiles, "base."+base)...)
@@ -112,8 +112,8 @@ func TestCommitMatchesQemu(t *testing.T) {
 						t.Fatalf("qemu-img convert -l s1: %s", r.stderr)
 					}
 				}
-				if r := qemuImg(t, "", "compare", "-f", "raw", "-F", "raw", raws[0], raws[1]); r.code != 0 {
-					t.Errorf("snapshot s1 reads differently: %s", r.stdout)
+				if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+					t.Errorf("snapshot s1 reads differently: %s", d)
 				}
 			}
 		})
@@ -148,7 +148,7 @@ func TestRebaseMatchesQemu(t *testing.T) {
 		} {
 			t.Run(base+"/"+tt.name, func(t *testing.T) {
 				t.Parallel()
-				qdir, odir := twinDirs(t, threeDeep(base, ""))
+				qdir, odir := twinFixture(t, "three-deep-"+base, threeDeep(base, ""))
 				args := []string{"rebase"}
 				for _, a := range tt.args {
 					args = append(args, strings.ReplaceAll(a, "BASE", base))

@@ -339,7 +339,7 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 						t.Skip(v.noRepairAll)
 					}
 					t.Parallel()
-					qdir, odir := twinDirs(t, v.build)
+					qdir, odir := twinFixture(t, "check-"+v.name, v.build)
 					if mode == "all" && v.qemuAllFails != "" {
 						checkOvisRebuild(t, v, qdir, odir, out)
 						return

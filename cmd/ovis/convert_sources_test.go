@@ -21,6 +21,13 @@ import (
 // 2 MiB image to convert into).
 func convertInputs(t *testing.T, dir string) {
 	t.Helper()
+	fromFixture(t, "convert-inputs", buildConvertInputs, dir)
+}
+
+// buildConvertInputs makes convertInputs' files in dir, which tests share
+// (sharedFixture): twelve qemu tool runs per folder otherwise.
+func buildConvertInputs(t *testing.T, dir string) {
+	t.Helper()
 	data := make([]byte, 1<<20)
 	for i := range data {
 		data[i] = byte(i/4096 + 1)

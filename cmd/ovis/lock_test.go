@@ -154,8 +154,7 @@ func TestImageLocksConflictLikeQemu(t *testing.T) {
 			// One layout per tool, so that what one tool's probe
 			// changes (a snapshot, a resize) is not seen by the other's.
 			qdir, odir := t.TempDir(), t.TempDir()
-			lockLayout(t, qdir)
-			lockLayout(t, odir)
+			fromFixture(t, "lock-layout", func(t *testing.T, dir string) { lockLayout(t, dir) }, qdir, odir)
 			h.hold(t, qdir)
 			h.hold(t, odir)
 			refused := 0

@@ -39,6 +39,10 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	fixtureRoot = filepath.Join(dir, "fixtures")
+	if err := os.Mkdir(fixtureRoot, 0o755); err != nil {
+		fail(err)
+	}
 	const pkg = "github.com/ovis-storage/ovis/cmd/ovis"
 	if ovisBin, err = testutil.BuildBinary(pkg, dir); err != nil {
 		fail(err)

@@ -94,8 +94,7 @@ func TestReproLocksInProcess(t *testing.T) {
 		name := strings.Join(args, " ")
 		t.Run(name, func(t *testing.T) {
 			qdir, odir := t.TempDir(), t.TempDir()
-			lockChain(t, qdir)
-			lockChain(t, odir)
+			fromFixture(t, "lock-chain", lockChain, qdir, odir)
 			before := readFiles(t, odir)
 			q := qemuImg(t, qdir, args...)
 			o := ovisImg(t, odir, args...)
@@ -181,7 +180,7 @@ func TestReproLocksCommitHeld(t *testing.T) {
 			}
 			run := func(img func(testing.TB, string, ...string) result) (result, map[string][]byte, map[string][]byte) {
 				dir := t.TempDir()
-				lockChain(t, dir)
+				fromFixture(t, "lock-chain", lockChain, dir)
 				if c.grow {
 					testutil.QemuImg(t, "resize", "-q", "-f", "qcow2", filepath.Join(dir, top), "2M")
 				}

@@ -127,12 +127,16 @@ func TestReproLocksHeldImage(t *testing.T) {
 				run := func(bin string) (result, []byte, string) {
 					dir := t.TempDir()
 					target := filepath.Join(dir, v.target)
-					testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "src.qcow2"), "1M")
-					testutil.QemuIO(t, filepath.Join(dir, "src.qcow2"), "qcow2", "write -q -P 0xcd 0 64k")
-					testutil.QemuImg(t, "create", "-q", "-f", format, target, "1M")
-					testutil.QemuIO(t, target, format, "write -q -P 0xab 0 64k")
-					testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-b", v.target, "-F", format, filepath.Join(dir, "top.qcow2"))
-					testutil.QemuIO(t, filepath.Join(dir, "top.qcow2"), "qcow2", "write -q -P 0xef 64k 64k")
+					// The same files for every verb and holder, made once.
+					fromFixture(t, "locks-held-"+v.target, func(t *testing.T, dir string) {
+						target := filepath.Join(dir, v.target)
+						testutil.QemuImg(t, "create", "-q", "-f", "qcow2", filepath.Join(dir, "src.qcow2"), "1M")
+						testutil.QemuIO(t, filepath.Join(dir, "src.qcow2"), "qcow2", "write -q -P 0xcd 0 64k")
+						testutil.QemuImg(t, "create", "-q", "-f", format, target, "1M")
+						testutil.QemuIO(t, target, format, "write -q -P 0xab 0 64k")
+						testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-b", v.target, "-F", format, filepath.Join(dir, "top.qcow2"))
+						testutil.QemuIO(t, filepath.Join(dir, "top.qcow2"), "qcow2", "write -q -P 0xef 64k 64k")
+					}, dir)
 					before, err := os.ReadFile(target)
 					if err != nil {
 						t.Fatal(err)

@@ -378,8 +378,7 @@ func TestCommitKeepsGuestData(t *testing.T) {
 			for _, l := range c.chain {
 				names = append(names, l.name)
 			}
-			sameImages(t, qdir, odir, names...)
-			checkClean(t, odir, names...)
+			sameImagesClean(t, qdir, odir, names...)
 		})
 	}
 }
@@ -405,8 +404,7 @@ func TestReproRebaseOldBackingShorter(t *testing.T) {
 	for _, d := range []string{qdir, odir} {
 		testutil.QemuIO(t, filepath.Join(d, "top.qcow2"), "qcow2", "read -P 0x22 0 256K", "read -P 0 256K 64K")
 	}
-	sameImages(t, qdir, odir, "top.qcow2")
-	checkClean(t, odir, "top.qcow2")
+	sameImagesClean(t, qdir, odir, "top.qcow2")
 }
 
 // TestReproCommitMidShorter is issue 14 case 6: committing a top into a
@@ -440,8 +438,7 @@ func TestReproCommitMidShorter(t *testing.T) {
 					testutil.QemuIO(t, filepath.Join(d, "mid.qcow2"), "qcow2", "read -P 1 0 1M", "read -P 0 1M 1M")
 				}
 			}
-			sameImages(t, qdir, odir, "base.qcow2", "mid.qcow2", "top.qcow2")
-			checkClean(t, odir, "base.qcow2", "mid.qcow2", "top.qcow2")
+			sameImagesClean(t, qdir, odir, "base.qcow2", "mid.qcow2", "top.qcow2")
 		})
 	}
 }

@@ -108,13 +108,16 @@ func rzHostAllocated(t *testing.T, dir, name string) (bool, string) {
 }
 
 // rzTwin prepares two folders, the first for qemu-img and the second
-// for ovis, by running setup in each: a copy would turn the zeros QEMU
-// wrote into holes, which qemu-img map reports.
+// for ovis, alike: setup runs once and each gets a copy that keeps the
+// holes and the data (zeros QEMU wrote included) where they were, which
+// qemu-img map reports (sparseCopy).
 func rzTwin(t *testing.T, setup func(t *testing.T, dir string)) (qdir, odir string) {
 	t.Helper()
+	src := t.TempDir()
+	setup(t, src)
 	qdir, odir = t.TempDir(), t.TempDir()
-	setup(t, qdir)
-	setup(t, odir)
+	copyTree(t, src, qdir)
+	copyTree(t, src, odir)
 	return qdir, odir
 }
 
@@ -127,8 +130,8 @@ func rzSameGuest(t *testing.T, qdir, odir, name, what string) {
 			t.Fatalf("%s: qemu-img convert %s: %s", what, name, r.stderr)
 		}
 	}
-	if r := qemuImg(t, "", "compare", "-f", "raw", "-F", "raw", raws[0], raws[1]); r.code != 0 {
-		t.Errorf("%s: the image reads differently as qemu-img and ovis left it: %s%s", what, r.stdout, r.stderr)
+	if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+		t.Errorf("%s: the image reads differently as qemu-img and ovis left it: %s", what, d)
 	}
 }
 

@@ -209,8 +209,7 @@ func TestReproConvertProgressLines(t *testing.T) {
 		t.Run(args, func(t *testing.T) {
 			argv := append([]string{"convert", "-p"}, strings.Fields(args)...)
 			qdir, odir := t.TempDir(), t.TempDir()
-			setup(t, qdir)
-			setup(t, odir)
+			fromFixture(t, "convert-progress", setup, qdir, odir)
 			q, o := qemuImg(t, qdir, argv...), ovisImg(t, odir, argv...)
 			sameResult(t, args, q, o)
 		})
@@ -311,8 +310,7 @@ func TestReproPseudoFilenames(t *testing.T) {
 		name := strings.Join(args, " ")
 		t.Run(name, func(t *testing.T) {
 			qdir, odir := t.TempDir(), t.TempDir()
-			setup(t, qdir)
-			setup(t, odir)
+			fromFixture(t, "pseudo-filenames", setup, qdir, odir)
 			sameResult(t, name, qemuImg(t, qdir, args...), ovisImg(t, odir, args...))
 			for _, f := range []string{"x.qcow2", "n1.qcow2", "o1.raw", "o2.raw", "o5.raw", "file:n1.qcow2", "file:o2.raw"} {
 				_, qerr := os.Stat(filepath.Join(qdir, f))
