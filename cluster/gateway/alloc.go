@@ -2,11 +2,11 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 )
 
 // Allocation is a VDI's durable allocation map (membership's
@@ -19,8 +19,9 @@ type Allocation interface {
 	Allocated(ctx context.Context) (*object.Set, error)
 	// MarkAllocated adds the objects idx; it returns once they are
 	// durable. It changes nothing unless the VDI's lock is still the one
-	// of token, and then fails with an error wrapping ErrRevoked: a
-	// writer fenced off marks nothing.
+	// of token, and then fails with a stale-token refusal (an error whose
+	// protocol.StatusOf is StatusStaleToken): a writer fenced off marks
+	// nothing.
 	MarkAllocated(ctx context.Context, token uint64, idx []uint32) error
 	// UnmarkAllocated takes the objects idx out, under token as
 	// MarkAllocated.
@@ -156,7 +157,7 @@ func (d *Device) sendMarks(idx []uint32) error {
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, ErrRevoked) && d.token.Load() == tok {
+		if protocol.StatusOf(err) == protocol.StatusStaleToken && d.token.Load() == tok {
 			return fmt.Errorf("gateway: vdi %s: adding %d objects to the allocation map: %w", d.cfg.Name, len(idx), err)
 		}
 		select {

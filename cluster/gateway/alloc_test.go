@@ -47,7 +47,7 @@ func (a *memAlloc) MarkAllocated(ctx context.Context, token uint64, idx []uint32
 		return a.fail
 	}
 	if token < a.fenceBelow {
-		return fmt.Errorf("%w: token %d", gateway.ErrRevoked, token)
+		return &protocol.Error{Status: protocol.StatusStaleToken, Op: protocol.OpWrite, Msg: fmt.Sprintf("token %d", token)}
 	}
 	for _, i := range idx {
 		a.set.Add(i)

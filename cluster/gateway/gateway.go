@@ -909,9 +909,21 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, kind wr
 		// (invariant 10).
 		removes := kind == writeDiscard && pc.off == 0 && pc.n == d.objSize
 		if kind == writeData {
-			// Before any replica has the data.
-			if err := d.ensureMarked(ctx, []piece{pc}); err != nil {
-				return err
+			// Before any replica has the data. A refusal for the token
+			// is handled as a node's would be: go again after a relock
+			// (Retoken), else the device is revoked.
+			for {
+				tok := d.token.Load()
+				err := d.ensureMarked(ctx, []piece{pc})
+				if err == nil {
+					break
+				}
+				if protocol.StatusOf(err) != protocol.StatusStaleToken {
+					return err
+				}
+				if serr := d.staleToken(ctx, tok, err); serr != errRetry {
+					return serr
+				}
 			}
 		}
 		// Every node the write was sent to, in any attempt, is sent a

@@ -10,6 +10,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/nbd"
 )
@@ -447,10 +448,10 @@ func (a vdiAllocation) UnmarkAllocated(ctx context.Context, token uint64, idx []
 }
 
 // revokedIfUnlocked says a refusal for a lock that is no longer the
-// token's as the gateway knows it: the device's lock went elsewhere.
+// token's as the gateway knows a node's: a stale token.
 func revokedIfUnlocked(err error) error {
 	if errors.Is(err, membership.ErrNotLocked) {
-		return fmt.Errorf("%w: %w", gateway.ErrRevoked, err)
+		return fmt.Errorf("%w: %w", &protocol.Error{Status: protocol.StatusStaleToken, Op: protocol.OpWrite, Msg: "the allocation map: the VDI's lock is another's"}, err)
 	}
 	return err
 }
