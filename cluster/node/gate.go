@@ -128,15 +128,7 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 	k := gateKey{vdi: obj.VDI(), id: id}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.objs == nil {
-		t.objs = map[object.ID]*objGates{}
-		t.ids = map[gateKey][]*gate{}
-	}
-	o := t.objs[obj]
-	if o == nil {
-		o = &objGates{}
-		t.objs[obj] = o
-	}
+	o := t.objLocked(obj)
 	for _, g := range t.ids[k] {
 		if g.obj == obj {
 			if epoch > g.epoch {
@@ -158,14 +150,8 @@ func (t *gateTable) install(obj object.ID, id uint64, off, end int64, epoch uint
 	o.last = t.installs.Add(1)
 }
 
-// hide withholds all of obj from readers, in epoch at now, until the
-// copies agree (release rule 2, without the hold) or the age limit:
-// recovery is about to store a copy holding a write that another copy
-// served as current lacks (recovery.Step.Hide). A hide already there is
-// renewed.
-func (t *gateTable) hide(obj object.ID, epoch uint64, now time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+// objLocked returns obj's entry, made when it has none; t.mu is held.
+func (t *gateTable) objLocked(obj object.ID) *objGates {
 	if t.objs == nil {
 		t.objs = map[object.ID]*objGates{}
 		t.ids = map[gateKey][]*gate{}
@@ -175,6 +161,18 @@ func (t *gateTable) hide(obj object.ID, epoch uint64, now time.Time) {
 		o = &objGates{}
 		t.objs[obj] = o
 	}
+	return o
+}
+
+// hide withholds all of obj from readers, in epoch at now, until the
+// copies agree (release rule 2, without the hold) or the age limit:
+// recovery is about to store a copy holding a write that another copy
+// served as current lacks (recovery.Step.Hide). A hide already there is
+// renewed.
+func (t *gateTable) hide(obj object.ID, epoch uint64, now time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	o := t.objLocked(obj)
 	for _, g := range o.gates {
 		if g.hide {
 			g.epoch, g.at = max(g.epoch, epoch), now
