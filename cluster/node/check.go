@@ -191,7 +191,8 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 			continue
 		}
 		var resp protocol.Response
-		err := net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp)
+		req := protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}
+		err := net.Call(ctx, v.Addr[id], &req, &resp)
 		// A copy withheld by a gate (a write not settled yet, or a
 		// pulled copy its peers do not have yet) is asked again a few
 		// times: gates go within a second or so once writes stop.
@@ -201,7 +202,7 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 				return nil, 0, ctx.Err()
 			case <-time.After(300 * time.Millisecond):
 			}
-			err = net.Call(ctx, v.Addr[id], &protocol.Request{Op: protocol.OpChecksum, Epoch: v.Epoch, Object: o, Length: protocol.MaxObjectSpan}, &resp)
+			err = net.Call(ctx, v.Addr[id], &req, &resp)
 		}
 		if err != nil {
 			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}, Kind: "error"})
