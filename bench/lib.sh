@@ -19,7 +19,14 @@ need_tools() {
 	fi
 }
 
+# build_ovis builds ovis from this tree into $OVIS, or takes the binary
+# OVIS_BIN names (a before/after comparison: the same script, two
+# builds).
 build_ovis() {
+	if [ -n "${OVIS_BIN:-}" ]; then
+		cp "$OVIS_BIN" "$OVIS"
+		return
+	fi
 	(cd "$(dirname "${BASH_SOURCE[0]}")/.." && go build -o "$OVIS" ./cmd/ovis)
 }
 

@@ -17,6 +17,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ovis-storage/ovis/cluster/admin"
+	"github.com/ovis-storage/ovis/cluster/node"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/internal/netns"
 )
 
@@ -319,21 +322,6 @@ func (c *cluster) adminBytes(ctx context.Context, addr string, args ...string) (
 	return out, nil
 }
 
-// admin runs ovis with args against the node at addr from the root
-// namespace and returns its stdout.
-func (c *cluster) admin(ctx context.Context, addr string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, c.ovis, append(args, "-a", addr)...)
-	var stdout, stderr strings.Builder
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if err != nil {
-		return stdout.String(), fmt.Errorf("ovis %s -a %s: %v: %s%s", strings.Join(args, " "), addr, err, stdout.String(), stderr.String())
-	}
-	return stdout.String(), nil
-}
-
 // byState returns the members in one of the states, in join order.
 func (c *cluster) byState(states ...string) []*member {
 	c.mu.Lock()
@@ -358,18 +346,18 @@ func (c *cluster) adminNode() (string, error) {
 	return c.nodeAddr(up[0]), nil
 }
 
-// nodeStatus is what the driver reads of `ovis node list --output json`.
-type nodeStatus struct {
-	ID       string `json:"id"`
-	Addr     string `json:"addr"`
-	State    string `json:"state"`
-	Epoch    uint64 `json:"epoch"`
-	Objects  int    `json:"objects"`
-	Recovery struct {
-		Done    uint64 `json:"done"`
-		Clean   uint64 `json:"clean"`
-		Pending int    `json:"pending"`
-	} `json:"recovery"`
+// call runs one admin call against the node at addr, from the root
+// namespace, with the typed client the command line uses.
+func call[Req, Rep any](ctx context.Context, addr string, k admin.Call[Req, Rep], req Req) (Rep, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c := admin.Dial(addr, nil)
+	defer c.Close()
+	rep, err := k.Do(ctx, c, req)
+	if err != nil {
+		return rep, fmt.Errorf("%s at %s: %w", k.Verb, addr, err)
+	}
+	return rep, nil
 }
 
 // settled reports whether the membership is exactly the members that
@@ -380,13 +368,9 @@ func (c *cluster) settled(ctx context.Context) (ok bool, why string, epoch uint6
 	if err != nil {
 		return false, err.Error(), 0
 	}
-	out, err := c.admin(ctx, addr, "node", "list", "--output", "json")
+	ns, err := call(ctx, addr, admin.NodeList, admin.None{})
 	if err != nil {
 		return false, err.Error(), 0
-	}
-	var ns []nodeStatus
-	if err := json.Unmarshal([]byte(out), &ns); err != nil {
-		return false, fmt.Sprintf("node list: %v: %s", err, out), 0
 	}
 	up := c.byState("up")
 	want := map[string]bool{}
@@ -394,7 +378,8 @@ func (c *cluster) settled(ctx context.Context) (ok bool, why string, epoch uint6
 		want[c.nodeAddr(m)] = true
 	}
 	if len(ns) != len(up) {
-		return false, fmt.Sprintf("%d nodes listed, %d up: %s", len(ns), len(up), compact(out)), 0
+		b, _ := json.Marshal(ns)
+		return false, fmt.Sprintf("%d nodes listed, %d up: %s", len(ns), len(up), b), 0
 	}
 	for _, n := range ns {
 		if !want[n.Addr] || n.State != "up" || n.Recovery.Done < n.Epoch || n.Recovery.Clean < n.Epoch {
@@ -405,50 +390,28 @@ func (c *cluster) settled(ctx context.Context) (ok bool, why string, epoch uint6
 	return true, "", epoch
 }
 
-func compact(s string) string {
-	var v any
-	if json.Unmarshal([]byte(s), &v) == nil {
-		if b, err := json.Marshal(v); err == nil {
-			return string(b)
-		}
-	}
-	return strings.Join(strings.Fields(s), " ")
-}
-
-// checkReport is what the driver reads of `ovis cluster check`.
-type checkReport struct {
-	Objects  int `json:"objects"`
-	Copies   int `json:"copies"`
-	Problems []struct {
-		VDI     string   `json:"vdi"`
-		Object  string   `json:"object"`
-		Problem string   `json:"problem"`
-		Nodes   []string `json:"nodes"`
-	} `json:"problems"`
-}
-
-// clusterCheck runs ovis cluster check and wants every object with
-// copies copies, all equal.
+// clusterCheck runs the check of ovis cluster check (node.CheckVia,
+// from the root namespace) and wants every object with copies copies,
+// all equal.
 func (c *cluster) clusterCheck(ctx context.Context, copies int) (string, error) {
 	addr, err := c.adminNode()
 	if err != nil {
 		return "", err
 	}
-	out, err := c.admin(ctx, addr, "cluster", "check", "--output", "json")
-	var r checkReport
-	if jerr := json.Unmarshal([]byte(out), &r); jerr != nil {
-		if err == nil {
-			err = jerr
-		}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	ac := admin.Dial(addr, nil)
+	defer ac.Close()
+	pool := protocol.NewPool(nil)
+	defer pool.Close()
+	r, _, err := node.CheckVia(ctx, ac, pool, false, nil)
+	if err != nil {
 		return "", fmt.Errorf("cluster check: %w", err)
 	}
-	sum := fmt.Sprintf("%d objects, %d copies, %d problems", r.Objects, r.Copies, len(r.Problems))
-	if len(r.Problems) > 0 {
-		b, _ := json.Marshal(r.Problems)
+	sum := fmt.Sprintf("%d objects, %d copies, %d problems", r.Objects, r.Copies, len(r.Bad))
+	if len(r.Bad) > 0 {
+		b, _ := json.Marshal(r.Bad)
 		return sum, fmt.Errorf("%s: %s", sum, b)
-	}
-	if err != nil {
-		return sum, err
 	}
 	if r.Copies != r.Objects*copies {
 		return sum, fmt.Errorf("%s: want %d copies of each object", sum, copies)

@@ -40,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ovis-storage/ovis/cluster/admin"
 	"github.com/ovis-storage/ovis/internal/netns"
 )
 
@@ -187,13 +188,13 @@ func (d *driver) setup(ctx context.Context) error {
 		}
 	}
 	addr, _ := d.c.adminNode()
-	if _, err := d.c.admin(ctx, addr, "cluster", "format", "--copies", fmt.Sprint(d.cfg.copies)); err != nil {
+	if _, err := call(ctx, addr, admin.Format, admin.FormatRequest{Copies: d.cfg.copies}); err != nil {
 		return err
 	}
 	up := d.c.byState("up")
 	for i := range d.cfg.clients {
 		name := fmt.Sprintf("c%d", i)
-		if _, err := d.c.admin(ctx, addr, "vdi", "create", name, fmt.Sprint(vdiSize), "--object-size", "1M"); err != nil {
+		if _, err := call(ctx, addr, admin.VDICreate, admin.VDICreateRequest{Name: name, Size: vdiSize, ObjectShift: 20}); err != nil {
 			return err
 		}
 		cl, err := newClient(d.c, d.rep, &d.gate, name, up[i], d.cfg.seed+uint64(i)*0x9e3779b97f4a7c15)

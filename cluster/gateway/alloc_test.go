@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,35 +15,61 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // memAlloc is an allocation map in memory: it counts its calls, takes
 // delay for each (so that concurrent first writes gather), and fails
 // while fail is set.
 type memAlloc struct {
-	mu    sync.Mutex
-	set   object.Set
-	calls int
-	delay time.Duration
-	fail  error
+	mu       sync.Mutex
+	set      object.Set
+	unsynced object.Set
+	calls    int
+	delay    time.Duration
+	fail     error
 	// fenceBelow refuses tokens below it, as the lock does a writer
 	// fenced off.
 	fenceBelow uint64
+	// lost is the objects given up (mark-lost).
+	lost map[uint32]bool
 }
 
-func (a *memAlloc) Allocated(ctx context.Context) (*object.Set, error) {
+func (a *memAlloc) Allocated(ctx context.Context) (*object.Set, error) { return a.copyOf(&a.set), nil }
+func (a *memAlloc) Unsynced(ctx context.Context) (*object.Set, error) {
+	return a.copyOf(&a.unsynced), nil
+}
+
+func (a *memAlloc) copyOf(set *object.Set) *object.Set {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var s object.Set
-	a.set.Each(func(i uint32) { s.Add(i) })
-	return &s, nil
+	set.Each(func(i uint32) { s.Add(i) })
+	return &s
 }
 
 func (a *memAlloc) MarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
 	time.Sleep(a.delay)
+	return a.change(token, true, func(i uint32) { a.set.Add(i); a.unsynced.Add(i) }, idx)
+}
+
+func (a *memAlloc) MarkSynced(ctx context.Context, token uint64, idx []uint32) error {
+	return a.change(token, false, func(i uint32) { a.unsynced.Remove(i) }, idx)
+}
+
+func (a *memAlloc) UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
+	return a.change(token, true, func(i uint32) { a.set.Remove(i); a.unsynced.Remove(i) }, idx)
+}
+
+// change applies f to idx under token, failing while fail is set, and
+// counting the call when counted.
+func (a *memAlloc) change(token uint64, counted bool, f func(uint32), idx []uint32) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.calls++
+	if counted {
+		a.calls++
+	}
 	if a.fail != nil {
 		return a.fail
 	}
@@ -50,22 +77,21 @@ func (a *memAlloc) MarkAllocated(ctx context.Context, token uint64, idx []uint32
 		return &protocol.Error{Status: protocol.StatusStaleToken, Op: protocol.OpWrite, Msg: fmt.Sprintf("token %d", token)}
 	}
 	for _, i := range idx {
-		a.set.Add(i)
+		f(i)
 	}
 	return nil
 }
 
-func (a *memAlloc) UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
+func (a *memAlloc) isUnsynced(i uint32) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.calls++
-	if a.fail != nil {
-		return a.fail
-	}
-	for _, i := range idx {
-		a.set.Remove(i)
-	}
-	return nil
+	return a.unsynced.Has(i)
+}
+
+func (a *memAlloc) GivenUp(ctx context.Context, idx uint32) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lost[idx], nil
 }
 
 func (a *memAlloc) has(i uint32) bool { a.mu.Lock(); defer a.mu.Unlock(); return a.set.Has(i) }
@@ -96,7 +122,7 @@ func openMapped(t *testing.T, c *cluster, a *memAlloc, net gateway.Caller, token
 	t.Helper()
 	d, err := gateway.Open(ctx, gateway.Config{
 		VDI: 7, Name: "test", Size: 16 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-		Token: token, Views: gateway.StaticViews{V: c.view}, Net: net, Local: c.nodes[0].id, RetryTimeout: retry,
+		Token: token, Views: view.Static{V: c.view}, Net: net, Local: c.nodes[0].id, RetryTimeout: retry,
 		Allocation: a,
 	})
 	if err != nil {
@@ -234,8 +260,7 @@ func TestAllocationFailureWritesNothing(t *testing.T) {
 	}
 }
 
-// TestAllocationReadOnly: a read-only device neither reads nor writes the
-// map.
+// TestAllocationReadOnly: a read-only device writes nothing to the map.
 func TestAllocationReadOnly(t *testing.T) {
 	c := newCluster(t, 3, 1)
 	a := &memAlloc{fail: errors.New("must not be called")}
@@ -302,5 +327,191 @@ func TestAllocationFencedWriter(t *testing.T) {
 	}
 	if mc.writes != 0 || a.has(3) {
 		t.Fatalf("%d writes reached replicas; object in the map %v", mc.writes, a.has(3))
+	}
+}
+
+// TestAllocationUnfoundNotZeros: an object the map says was written, of
+// which no replica has a copy (lost here: removed behind the gateway's
+// back from every node), never reads as zeros, through the writer's
+// device or a read-only one, nor shows as a hole: the read waits and
+// fails with ErrUnfound. An object never written reads as zeros, and
+// once an operator gives the object up (mark-lost) it does too. Without
+// a map the loss reads as zeros: the map is what tells.
+func TestAllocationUnfoundNotZeros(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	a := &memAlloc{}
+	w := openMapped(t, c, a, c.net, 9, 300*time.Millisecond)
+	ro := openMapped(t, c, a, c.net, 0, 300*time.Millisecond)
+	bare := c.open(t, nil, 0, 16<<20, 3)
+	objSize := int64(1) << object.MinSizeShift
+	data := fill(3, 4096)
+	if _, err := w.WriteAt(ctx, data, objSize, block.FUA); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes {
+		if err := n.st.Remove(object.Make(7, 1), store.Stamp{Token: 9, Epoch: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := make([]byte, 4096)
+	for name, d := range map[string]*gateway.Device{"writer": w, "read-only": ro} {
+		start := time.Now()
+		if _, err := d.ReadAt(ctx, p, objSize); !errors.Is(err, gateway.ErrUnfound) {
+			t.Errorf("%s: read of the lost object: %v, want ErrUnfound", name, err)
+		} else if waited := time.Since(start); waited < 250*time.Millisecond {
+			t.Errorf("%s: the read failed after %v, before its retry timeout", name, waited)
+		}
+		if _, err := d.Extents(ctx, objSize, 4096, nil); !errors.Is(err, gateway.ErrUnfound) {
+			t.Errorf("%s: extents of the lost object: %v, want ErrUnfound", name, err)
+		}
+		if _, err := d.ReadAt(ctx, p, 2*objSize); err != nil || !bytes.Equal(p, make([]byte, 4096)) {
+			t.Errorf("%s: read of an object never written: %v", name, err)
+		}
+	}
+	if _, err := bare.ReadAt(ctx, p, objSize); err != nil || !bytes.Equal(p, make([]byte, 4096)) {
+		t.Errorf("without a map the lost object reads %v (%v); the test relies on zeros", p[:8], err)
+	}
+	a.mu.Lock()
+	a.lost = map[uint32]bool{1: true}
+	a.mu.Unlock()
+	for name, d := range map[string]*gateway.Device{"writer": w, "read-only": ro} {
+		if _, err := d.ReadAt(ctx, p, objSize); err != nil || !bytes.Equal(p, make([]byte, 4096)) {
+			t.Errorf("%s: read of the object given up: %v", name, err)
+		}
+	}
+}
+
+// flushProbe records, for each flush a node is sent, whether the
+// objects watched were still unsynced then: they must be, since a
+// flush is what makes their writes durable.
+type flushProbe struct {
+	next  gateway.Caller
+	a     *memAlloc
+	watch []uint32
+	mu    sync.Mutex
+	early []uint32 // synced before a flush was sent
+}
+
+func (f *flushProbe) Call(ctx context.Context, addr string, req *protocol.Request, resp *protocol.Response) error {
+	if req.Op == protocol.OpFlush {
+		for _, i := range f.watch {
+			if !f.a.isUnsynced(i) {
+				f.mu.Lock()
+				f.early = append(f.early, i)
+				f.mu.Unlock()
+			}
+		}
+	}
+	return f.next.Call(ctx, addr, req, resp)
+}
+
+// TestAllocationUnsyncedLossReadsZeros: an object in the map whose only
+// writes were never made durable (plain writes, no flush), gone from
+// every replica as after a power loss, reads as zeros through the
+// writer and a read-only device, at once: nobody was told those writes
+// were safe. A FUA write syncs its object before it returns; a flush
+// syncs the objects written since the last one after every node
+// flushed, before it returns, and tries again after a failure; a synced
+// object gone from every replica is unfound, never zeros.
+func TestAllocationUnsyncedLossReadsZeros(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	a := &memAlloc{}
+	probe := &flushProbe{next: c.net, a: a, watch: []uint32{2}}
+	w := openMapped(t, c, a, probe, 9, 300*time.Millisecond)
+	ro := openMapped(t, c, a, c.net, 0, 300*time.Millisecond)
+	objSize := int64(1) << object.MinSizeShift
+	for i := int64(1); i <= 2; i++ {
+		if _, err := w.WriteAt(ctx, fill(uint64(i), 4096), i*objSize, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.isUnsynced(1) || !a.isUnsynced(2) {
+		t.Fatal("plain writes synced their objects")
+	}
+	if _, err := w.WriteAt(ctx, fill(3, 4096), 3*objSize, block.FUA); err != nil {
+		t.Fatal(err)
+	}
+	if a.isUnsynced(3) {
+		t.Fatal("a FUA write returned with its object unsynced")
+	}
+	// A flush that cannot sync fails, and the next one syncs.
+	a.mu.Lock()
+	a.fail = errors.New("etcd away")
+	a.mu.Unlock()
+	if err := w.Flush(ctx); err == nil {
+		t.Fatal("a flush that could not sync its objects succeeded")
+	}
+	a.mu.Lock()
+	a.fail = nil
+	a.mu.Unlock()
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.isUnsynced(1) || a.isUnsynced(2) {
+		t.Fatal("a flush returned with objects written before it unsynced")
+	}
+	if len(probe.early) > 0 {
+		t.Fatalf("objects %v synced before a node was sent the flush", probe.early)
+	}
+	remove := func(i uint32) {
+		for _, n := range c.nodes {
+			if err := n.st.Remove(object.Make(7, i), store.Stamp{Token: 9, Epoch: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	remove(1)
+	remove(2)
+	// Object 4 is written plain and lost before any flush.
+	p := make([]byte, 4096)
+	if _, err := w.WriteAt(ctx, fill(4, 4096), 4*objSize, 0); err != nil {
+		t.Fatal(err)
+	}
+	remove(4)
+	for name, d := range map[string]*gateway.Device{"writer": w, "read-only": ro} {
+		start := time.Now()
+		if _, err := d.ReadAt(ctx, p, 4*objSize); err != nil || !bytes.Equal(p, make([]byte, 4096)) {
+			t.Errorf("%s: read of an unsynced object no replica has: %v, want zeros", name, err)
+		} else if took := time.Since(start); took > 250*time.Millisecond {
+			t.Errorf("%s: the read of an unsynced object took %v, as if it waited", name, took)
+		}
+		for _, i := range []int64{1, 2} {
+			if _, err := d.ReadAt(ctx, p, i*objSize); !errors.Is(err, gateway.ErrUnfound) {
+				t.Errorf("%s: read of synced object %d that no replica has: %v, want ErrUnfound", name, i, err)
+			}
+		}
+	}
+}
+
+// TestAllocationHolesUnasked: a writer's device answers BLOCK_STATUS for
+// objects outside the map without asking a replica, and asks for those
+// in it.
+func TestAllocationHolesUnasked(t *testing.T) {
+	c := newCluster(t, 3, 1)
+	a := &memAlloc{}
+	w := openMapped(t, c, a, c.net, 9, time.Second)
+	objSize := int64(1) << object.MinSizeShift
+	if _, err := w.WriteAt(ctx, fill(4, 4096), 3*objSize, 0); err != nil {
+		t.Fatal(err)
+	}
+	c.net.reset()
+	ext, err := w.Extents(ctx, 0, 4*objSize, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.net.get(protocol.OpExtents.String()); got != 1 {
+		t.Errorf("%d extents requests for 4 objects of which 1 is in the map, want 1", got)
+	}
+	if len(ext) == 0 || ext[0].Status&block.StatusHole == 0 || ext[0].Length != 3*objSize {
+		t.Fatalf("extents %+v: want a hole over the first 3 objects", ext)
+	}
+	var data int64
+	for _, e := range ext {
+		if e.Status&block.StatusHole == 0 {
+			data += e.Length
+		}
+	}
+	if data < 4096 {
+		t.Errorf("extents %+v: the write at object 3 is not data", ext)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // TestCopiesOfTheView: a write goes to as many replicas as the VDI has
@@ -38,14 +39,14 @@ func TestCopiesOfTheView(t *testing.T) {
 		}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, err := gateway.NewView(5, pn, addrs)
+			v, err := view.New(5, pn, addrs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			v.Copies = tc.table
 			d, err := gateway.Open(ctx, gateway.Config{
 				VDI: 7, Name: "test", Size: 1 << 20, Copies: 2, CopiesAt: tc.copiesAt, ObjectShift: object.MinSizeShift,
-				Token: 1, Views: gateway.StaticViews{V: v}, Net: c.net, RetryTimeout: 5 * time.Second,
+				Token: 1, Views: view.Static{V: v}, Net: c.net, RetryTimeout: 5 * time.Second,
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/view"
 	"github.com/ovis-storage/ovis/internal/histcheck"
 )
 
@@ -50,7 +51,7 @@ func TestReadsNeverGoBackInTime(t *testing.T) {
 			open := func(token uint64, local string, net gateway.Caller) *gateway.Device {
 				d, err := gateway.Open(ctx, gateway.Config{
 					VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-					Token: token, Views: gateway.StaticViews{V: c.view}, Net: net, Local: local, RetryTimeout: 5 * time.Second,
+					Token: token, Views: view.Static{V: c.view}, Net: net, Local: local, RetryTimeout: 5 * time.Second,
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -144,7 +145,7 @@ func TestDeadWriterNotSeen(t *testing.T) {
 			for _, n := range c.nodes {
 				d, err := gateway.Open(ctx, gateway.Config{
 					VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-					Views: gateway.StaticViews{V: c.view}, Net: c.pool, Local: n.id, RetryTimeout: 5 * time.Second,
+					Views: view.Static{V: c.view}, Net: c.pool, Local: n.id, RetryTimeout: 5 * time.Second,
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -204,7 +205,7 @@ func TestGatewayHistory(t *testing.T) {
 			open := func(token uint64, local string, net gateway.Caller) *gateway.Device {
 				d, err := gateway.Open(ctx, gateway.Config{
 					VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-					Token: token, Views: gateway.StaticViews{V: c.view}, Net: net, Local: local, RetryTimeout: 5 * time.Second,
+					Token: token, Views: view.Static{V: c.view}, Net: net, Local: local, RetryTimeout: 5 * time.Second,
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -330,7 +331,7 @@ func TestSettles(t *testing.T) {
 	}
 	d, err := gateway.Open(ctx, gateway.Config{
 		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
+		Token: 1, Views: view.Static{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +386,7 @@ func TestFailedWriteSettles(t *testing.T) {
 	}
 	d, err := gateway.Open(ctx, gateway.Config{
 		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
+		Token: 1, Views: view.Static{V: c.view}, Net: sc, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -427,7 +428,7 @@ func TestGatedEverywhereFails(t *testing.T) {
 	}
 	d, err := gateway.Open(ctx, gateway.Config{
 		VDI: 7, Name: "test", Size: 4 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-		Views: gateway.StaticViews{V: c.view}, Net: c.pool, Local: c.nodes[0].id, RetryTimeout: time.Second,
+		Views: view.Static{V: c.view}, Net: c.pool, Local: c.nodes[0].id, RetryTimeout: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

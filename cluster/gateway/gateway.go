@@ -41,18 +41,25 @@
 //  6. A read goes to one replica, the local one when there is one, and
 //     falls back to the others in placement order on error. An object no
 //     replica holds (StatusNoEnt from one, with no data from any) reads
-//     as zeros: objects are created on first write, on every replica.
+//     as zeros (objects are created on first write, on every replica),
+//     unless the VDI's allocation map has it synced (invariant 10): then
+//     no copy answering is a loss or holders away, never zeros, and the
+//     read is tried again and then fails with ErrUnfound, until an
+//     operator gives the object up (mark-lost). A device that keeps the
+//     map knows it; any other reads it from etcd after the replicas
+//     answered, so every write acknowledged before is in what it reads.
 //  7. A request placed by a view of epoch E uses the VDI's copies in E
 //     (View.Copies, else the record's for E): a change of copies comes
 //     with a new epoch, so a gateway still on the old one is refused
 //     and places the request again, and never skips a replica that
 //     recovery made for the new copies.
 //  8. A writable device refused for a stale token (a higher one exists:
-//     its lock was broken and taken by another owner) while it is not
-//     suspended for a relock is revoked at once: every later write fails
-//     at once with ErrRevoked (EPERM over NBD), never reaching a node,
-//     reads go on, and Config.Revoked is told once. The token never
-//     becomes good again, so writes under it can never succeed.
+//     its lock was broken and taken by another owner) tells its Owner,
+//     which revokes itself unless it moved to a newer token meanwhile
+//     (cluster/owner, invariant 3): every later write fails at once with
+//     ErrRevoked (EPERM over NBD), never reaching a node, and reads go
+//     on. The token never becomes good again, so writes under it can
+//     never succeed.
 //  9. Every write is gated (protocol.FlagGated) with a gate id unique to
 //     the device: a random base drawn at Open plus a counter. Once the
 //     write has ended on every replica it was sent to, in any attempt,
@@ -69,15 +76,21 @@
 //     tell a lost object from one never written. Writes of zeros mark
 //     nothing: such an object reads as zeros whether or not a copy
 //     survives. A crash, or etcd away, between a removal and its unmark
-//     leaves the object in the map: a false alarm of check, never a
-//     loss unseen. A mark or unmark requires the device's lock (its
-//     token) in the same etcd transaction: a writer fenced off changes
-//     nothing, the map included, and its write fails with ErrRevoked.
+//     leaves the object in the map: a false alarm of check, and reads
+//     of the object fail (invariant 6) until it is written again or
+//     given up, never a loss unseen. A mark or unmark requires the
+//     device's lock (its token) in the same etcd transaction: a writer
+//     fenced off changes nothing, the map included, and its write fails
+//     with ErrRevoked. A mark puts the object in the unsynced set too;
+//     the device syncs it (Allocation.MarkSynced) after a FUA write of
+//     it, or a flush after a write of it, reached every replica, and
+//     before acknowledging either. An unsynced object no replica holds
+//     lost only writes never acknowledged durable: it reads as zeros.
 //
-// Locking: mu guards dirty, closed, lost and gate only; smu guards the
+// Locking: mu guards dirty and closed only; smu guards the
 // settle queues only; amu the allocation marks only; none is held with
-// another, across a call to a node or to etcd, nor while calling
-// Config's hooks.
+// another, across a call to a node or to etcd, nor while calling the
+// Owner or Config's hooks.
 package gateway
 
 import (
@@ -93,7 +106,9 @@ import (
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/owner"
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // Caller sends one request to the node at addr and waits for its answer
@@ -118,28 +133,21 @@ type Config struct {
 	// opened with (membership.VDI.CopiesAt). Nil means Copies.
 	CopiesAt func(epoch uint64) int
 
-	// Token is the owner's fencing token (the lock's revision). Zero opens
-	// the device read-only.
+	// Owner is who the device writes for: the token writes carry, and
+	// when requests may go (the node's cluster/owner.Authority). Nil:
+	// a fixed owner of Token.
+	Owner Owner
+	// Token is a fixed owner's fencing token (the lock's revision), when
+	// Owner is nil; zero opens the device read-only. Must be 0 when Owner
+	// is set.
 	Token uint64
 
-	Views Views
+	Views view.Source
 	Net   Caller
 
 	// Local is the ID of the node this gateway runs on, whose copies are
 	// read first; empty when there is none.
 	Local string
-
-	// Live, when not nil, says whether the membership lease of the node
-	// this gateway runs on (under which the owner's lock is held) still
-	// holds by this host's clock. While it does not, requests wait in
-	// AwaitLive: the node is rejoining; it holds new requests (Suspend)
-	// until it has taken the lock again (Retoken) or given it up (Lose). Without
-	// AwaitLive, a writable device whose lease may have expired refuses
-	// writes (the storage nodes refuse them too, by token, once a new
-	// owner fenced them).
-	Live func(now time.Time) bool
-	// AwaitLive blocks until Live holds again or ctx ends.
-	AwaitLive func(ctx context.Context) error
 
 	// Strict refuses writes while the view has fewer failure domains than
 	// Copies (they wait, as for any membership change, then fail),
@@ -164,15 +172,30 @@ type Config struct {
 	// do not wait for it (invariant 5). Zero means 500 ms.
 	FenceWait time.Duration
 
-	// Revoked, when not nil, is called once, with the device and the
-	// refusal, when a writable device learns that its token is stale
-	// (invariant 8): the VDI's lock went to another owner. It is called
-	// with no lock held and must not block.
-	Revoked func(d *Device, why error)
-
 	// Allocation, when not nil, is the VDI's allocation map, which a
 	// writable device keeps (invariant 10). Nil keeps none.
 	Allocation Allocation
+}
+
+// Owner is the authority a device writes under: cluster/owner.Authority
+// is the node's, driven by its lease and its lock.
+type Owner interface {
+	// Admit waits while new requests are held (the node is taking the
+	// lock again), then returns why a write may not start, or nil; a
+	// read is refused only once the owner is closed.
+	Admit(ctx context.Context, write bool) error
+	// Live waits while the node's lease does not hold (an attempt goes
+	// only under a live lease), and returns the token to send and how
+	// long it waited.
+	Live(ctx context.Context) (token uint64, waited time.Duration, err error)
+	// Token is the token writes carry now.
+	Token() uint64
+	// Stale is told that a node refused token as stale. It returns nil
+	// when the owner carries a newer token by now (the request goes
+	// again with it), else the error writes fail with from then on.
+	Stale(ctx context.Context, token uint64, refusal error) error
+	// Lost is why writes are refused for good, or nil.
+	Lost() error
 }
 
 // Device is one VDI. It is safe for concurrent use; several NBD
@@ -185,9 +208,10 @@ type Device struct {
 	// resizes (SetSize) while requests run.
 	size atomic.Int64
 
-	// token is the owner's fencing token: cfg.Token, then what Retoken
-	// gives after the node took the lock again.
-	token atomic.Uint64
+	// own is the owner: cfg.Owner, or a fixed one of cfg.Token.
+	own Owner
+	// writable: opened with a token.
+	writable bool
 
 	// bg is the background fencing's context (Open's stragglers),
 	// ended by Close; fences tracks those goroutines.
@@ -198,13 +222,6 @@ type Device struct {
 	mu     sync.Mutex
 	dirty  map[string]struct{} // node IDs with unflushed writes of this VDI
 	closed bool
-	// lost is why the device may not write any more: it wraps
-	// ErrLeaseLost (Lose, Abandon) or ErrRevoked (Revoke, a stale
-	// token). Set once; it never goes back to nil.
-	lost error
-	// gate is closed while requests may start, and open while the
-	// device is suspended (Suspend): its node is taking its lock again.
-	gate chan struct{}
 	// writing holds, per object, the ranges of the writes under way, so
 	// that overlapping writes go out one after the other (order).
 	writing map[object.ID][]*span
@@ -232,12 +249,20 @@ type Device struct {
 	// map (nil: the device keeps none), marking the batch each object
 	// being added is in, gather the batch waiting for the one in flight
 	// (markBusy) to end. markers tracks the goroutine sending a batch.
-	amu      sync.Mutex
-	marked   *object.Set
+	amu    sync.Mutex
+	marked *object.Set
+	// unsynced is the objects of marked that no write was made durable
+	// to yet (Allocation.Unsynced); toSync those of them written since
+	// the last Flush, which that Flush syncs.
+	unsynced *object.Set
+	toSync   *object.Set
 	marking  map[uint32]*markBatch
 	gather   *markBatch
 	markBusy bool
 	markers  sync.WaitGroup
+	// mapLoad is the newest read of the allocation map by a device
+	// that does not keep it (unwritten); guarded by amu.
+	mapLoad *mapLoad
 }
 
 // settleQueue is the settles owed to one node.
@@ -266,13 +291,13 @@ var (
 
 	// ErrLeaseLost is returned for writes once the lease that the VDI's
 	// lock is held under may have expired: another owner may have it.
-	ErrLeaseLost = errors.New("the lease holding the VDI's lock may have expired; not writing")
+	ErrLeaseLost = owner.ErrLeaseLost
 
 	// ErrRevoked is returned for writes once the device's lock went to
 	// another owner (it was broken, then taken with a higher token): the
 	// device is read-only from then on. It wraps block.ErrReadOnly, so
 	// that NBD clients get EPERM, as for any read-only export.
-	ErrRevoked = fmt.Errorf("the VDI's lock was taken by another owner (stale fencing token); read-only now: %w", block.ErrReadOnly)
+	ErrRevoked = owner.ErrRevoked
 )
 
 // Open returns the Device of a VDI. A writable one (Token ≠ 0) first
@@ -293,6 +318,11 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 		return nil, fmt.Errorf("gateway: vdi %s: object size 2^%d out of range", cfg.Name, cfg.ObjectShift)
 	case cfg.Size < 0 || cfg.Size > object.MaxVDISize(1<<cfg.ObjectShift):
 		return nil, fmt.Errorf("gateway: vdi %s: size %d out of range", cfg.Name, cfg.Size)
+	case cfg.Owner != nil && cfg.Token != 0:
+		return nil, fmt.Errorf("gateway: vdi %s: both an owner and a fixed token %d", cfg.Name, cfg.Token)
+	}
+	if cfg.Owner == nil {
+		cfg.Owner = owner.New(owner.Config{Token: cfg.Token})
 	}
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = 30 * time.Second
@@ -300,20 +330,19 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 	if cfg.FenceWait == 0 {
 		cfg.FenceWait = 500 * time.Millisecond
 	}
-	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, gate: make(chan struct{}),
+	token := cfg.Owner.Token()
+	d := &Device{cfg: cfg, objSize: 1 << cfg.ObjectShift, dirty: map[string]struct{}{}, own: cfg.Owner, writable: token != 0,
 		gateBase: rand.Uint64(), settles: map[string]*settleQueue{}}
 	d.bg, d.stopBG = context.WithCancel(context.Background())
-	close(d.gate)
 	d.size.Store(cfg.Size)
-	d.token.Store(cfg.Token)
-	if cfg.Token != 0 && cfg.Allocation != nil {
+	if token != 0 && cfg.Allocation != nil {
 		if err := d.loadMarks(ctx); err != nil {
 			d.Close()
 			return nil, err
 		}
 	}
-	if cfg.Token != 0 {
-		if err := d.fenceOpen(ctx, cfg.Token); err != nil {
+	if token != 0 {
+		if err := d.fenceOpen(ctx, token); err != nil {
 			d.Close()
 			return nil, err
 		}
@@ -327,13 +356,13 @@ func Open(ctx context.Context, cfg Config) (*Device, error) {
 // most FenceWait or until ctx ends. It returns the first final refusal
 // seen meanwhile.
 func (d *Device) fenceOpen(ctx context.Context, token uint64) error {
-	nodes := d.cfg.Views.View().Map.Nodes()
+	nodes := d.cfg.Views.View().IDs()
 	results := make(chan error, len(nodes)) // never blocks a sender
-	for _, n := range nodes {
+	for _, id := range nodes {
 		d.fences.Add(1)
 		go func() {
 			defer d.fences.Done()
-			results <- d.fenceNode(d.bg, n.ID, token)
+			results <- d.fenceNode(d.bg, id, token, d.staleToken)
 		}()
 	}
 	timer := time.NewTimer(d.cfg.FenceWait)
@@ -356,8 +385,8 @@ func (d *Device) fenceOpen(ctx context.Context, token uint64) error {
 // fenceNode sends token to node id until it takes it, or refuses it for
 // good, or leaves the epoch (it raises every token to its lock's before
 // it serves again), or ctx ends. Each try is abandoned when its view is
-// superseded. A stale-token refusal revokes the device (invariant 8).
-func (d *Device) fenceNode(ctx context.Context, id string, token uint64) error {
+// superseded. A stale-token refusal is stale's to judge.
+func (d *Device) fenceNode(ctx context.Context, id string, token uint64, stale func(ctx context.Context, token uint64, refusal error) error) error {
 	v := d.cfg.Views.View()
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		addr, ok := v.Addr[id]
@@ -366,7 +395,7 @@ func (d *Device) fenceNode(ctx context.Context, id string, token uint64) error {
 		}
 		req := protocol.Request{Op: protocol.OpFence, Epoch: v.Epoch, Token: token, Object: object.Make(d.cfg.VDI, 0)}
 		var resp protocol.Response
-		actx, stop := v.attempt(ctx)
+		actx, stop := v.Attempt(ctx)
 		err := d.cfg.Net.Call(actx, addr, &req, &resp)
 		stop()
 		switch {
@@ -375,7 +404,7 @@ func (d *Device) fenceNode(ctx context.Context, id string, token uint64) error {
 		case ctx.Err() != nil:
 			return nil // closed: nothing will write with token any more
 		case protocol.StatusOf(err) == protocol.StatusStaleToken:
-			return d.staleToken(ctx, token, fmt.Errorf("gateway: vdi %s: fence of token %d on node %s: %w", d.cfg.Name, token, id, err))
+			return stale(ctx, token, fmt.Errorf("gateway: vdi %s: fence of token %d on node %s: %w", d.cfg.Name, token, id, err))
 		case !retryable(err):
 			return fmt.Errorf("gateway: vdi %s: fence of token %d on node %s: %w", d.cfg.Name, token, id, err)
 		}
@@ -389,163 +418,48 @@ func (d *Device) fenceNode(ctx context.Context, id string, token uint64) error {
 	}
 }
 
-// staleToken handles a refusal (refusal) of token for being stale: once
-// a suspension the device is under ends (the node may be taking its lock
-// again), it returns errRetry if the device moved to a new token
-// meanwhile (Retoken). Otherwise the lock went to another owner: the
-// device is revoked, if it was not lost already, and the error returned
-// wraps why writes fail now and the refusal.
+// staleToken hands a refusal (refusal) of token for being stale to the
+// owner (invariant 8): errRetry when the owner carries a newer token by
+// now, else why writes fail from now on.
 func (d *Device) staleToken(ctx context.Context, token uint64, refusal error) error {
-	if err := d.await(ctx); err != nil {
-		return err
+	if err := d.own.Stale(ctx, token, refusal); err != nil {
+		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, err)
 	}
-	if d.token.Load() != token {
-		return errRetry
-	}
-	why := fmt.Errorf("%w: %w", ErrRevoked, refusal)
-	d.mu.Lock()
-	first := d.lost == nil
-	if first {
-		d.lost = why
-	}
-	lost := d.lost
-	d.mu.Unlock()
-	if first && d.cfg.Revoked != nil {
-		d.cfg.Revoked(d, refusal)
-	}
-	if lost != why {
-		return fmt.Errorf("gateway: vdi %s: %w (%w)", d.cfg.Name, lost, refusal)
-	}
-	return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, why)
+	return errRetry
 }
 
 // errRetry says that a request refused for a token the device no longer
 // carries may go again, with the new one.
 var errRetry = errors.New("gateway: token changed; again")
 
-// fence sends token to every node of the epoch. Every node must take
-// it: a node that missed it would still take the old owner's writes.
-func (d *Device) fence(ctx context.Context, token uint64) error {
-	return d.retry(ctx, func(ctx context.Context, v *View) error {
-		nodes := v.Map.Nodes()
-		return d.fanOut(ctx, v, len(nodes), func(i int) string { return nodes[i].ID }, func(req *protocol.Request) {
-			req.Op = protocol.OpFence
-			req.Token = token
-			req.Object = object.Make(d.cfg.VDI, 0)
-		}, nil)
-	})
-}
-
-// Suspend holds every request that starts from now on until Retoken or
-// Lose: the device's node lost the lease its lock was held under, and is
-// taking the lock again. Requests already under way are not held (they
-// wait for the node's lease in AwaitLive, then go on with the old token,
-// which the storage nodes refuse if another owner came meanwhile).
-func (d *Device) Suspend() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	select {
-	case <-d.gate:
-		d.gate = make(chan struct{})
-	default:
+// Fence sends token to every node of the current epoch and waits until
+// each took it, left the epoch, or RetryTimeout passed (an error, as is
+// a refusal): the lock taken again after the node rejoined. Every node
+// must take it, since a node that missed it would still take the old
+// owner's writes; a node that joins meanwhile takes it from etcd before
+// it serves. A stale refusal here is the caller's to handle (another
+// owner took the lock after it was taken again): the owner is not told.
+func (d *Device) Fence(ctx context.Context, token uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.RetryTimeout)
+	defer cancel()
+	nodes := d.cfg.Views.View().IDs()
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, id := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = d.fenceNode(ctx, id, token, func(_ context.Context, _ uint64, refusal error) error { return refusal })
+		}()
 	}
-}
-
-// resume lets the held requests go.
-func (d *Device) resume() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	select {
-	case <-d.gate:
-	default:
-		close(d.gate)
-	}
-}
-
-// Retoken moves a writable device to token new: the lock taken again
-// (membership.Relock, which makes sure nobody else took it meanwhile)
-// after its node lost its lease and rejoined. new is sent to every node
-// of the epoch, the device writes with it from then on, and the requests
-// Suspend held go on.
-func (d *Device) Retoken(ctx context.Context, new uint64) error {
-	if err := d.fence(ctx, new); err != nil {
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	d.token.Store(new)
-	d.resume()
+	if ctx.Err() != nil {
+		return fmt.Errorf("gateway: vdi %s: fencing token %d: %w", d.cfg.Name, token, ctx.Err())
+	}
 	return nil
-}
-
-// Lose makes the device refuse every later write with an error that
-// wraps ErrLeaseLost and says why: its node lost the lease its lock was
-// held under, and could not take the lock again safely. Reads go on.
-func (d *Device) Lose(why error) { d.lose(fmt.Errorf("%w: %w", ErrLeaseLost, why), false) }
-
-// Revoke makes the device refuse every later write at once with an
-// error that wraps ErrRevoked (EPERM) and says why: its node learned
-// that the VDI's lock was taken from it (broken while its lease held).
-// Reads go on; held requests go on, their writes failing. A device lost
-// already keeps its first reason. Config.Revoked is not called: the
-// caller knows.
-func (d *Device) Revoke(why error) { d.lose(fmt.Errorf("%w: %w", ErrRevoked, why), false) }
-
-// Abandon ends a suspension that will not be resolved (the node is
-// closing before it took the lock again): the held requests go on and
-// their writes fail as after Lose. A device not suspended is left as it
-// is.
-func (d *Device) Abandon(why error) {
-	d.lose(fmt.Errorf("%w: %w", ErrLeaseLost, why), true)
-}
-
-// Lost reports why the device refuses writes (an error wrapping
-// ErrLeaseLost or ErrRevoked), or nil while it may write.
-func (d *Device) Lost() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.lost
-}
-
-// lose records why and lets the held requests go; with onlySuspended,
-// only when the device is suspended.
-func (d *Device) lose(why error, onlySuspended bool) {
-	d.mu.Lock()
-	select {
-	case <-d.gate:
-		if onlySuspended {
-			d.mu.Unlock()
-			return
-		}
-	default:
-	}
-	if d.lost == nil {
-		d.lost = why
-	}
-	d.mu.Unlock()
-	d.resume()
-}
-
-// await waits while the device is suspended.
-func (d *Device) await(ctx context.Context) error {
-	d.mu.Lock()
-	gate := d.gate
-	d.mu.Unlock()
-	select {
-	case <-gate:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("gateway: vdi %s: waiting for the lock to be taken again: %w", d.cfg.Name, ctx.Err())
-	}
-}
-
-// awaitLive waits while the node's lease does not hold (Config.Live),
-// and returns how long it waited.
-func (d *Device) awaitLive(ctx context.Context) (time.Duration, error) {
-	if d.cfg.Live == nil || d.cfg.AwaitLive == nil || d.cfg.Live(time.Now()) {
-		return 0, nil
-	}
-	start := time.Now()
-	err := d.cfg.AwaitLive(ctx)
-	return time.Since(start), err
 }
 
 // Size is the VDI's size.
@@ -567,7 +481,7 @@ func (d *Device) SetSize(size int64) error {
 }
 
 // ReadOnly reports whether the device was opened without a token.
-func (d *Device) ReadOnly() bool { return d.cfg.Token == 0 }
+func (d *Device) ReadOnly() bool { return !d.writable }
 
 // Close marks the device closed, sends the settles it owes (waiting at
 // most 2 s for them), and ends and waits for them and for the
@@ -603,21 +517,17 @@ func (d *Device) Close() error {
 }
 
 func (d *Device) check(ctx context.Context, off, n int64, write bool) error {
-	if err := d.await(ctx); err != nil {
-		return err
-	}
+	err := d.own.Admit(ctx, write)
 	d.mu.Lock()
-	closed, lost := d.closed, d.lost
+	closed := d.closed
 	d.mu.Unlock()
 	switch {
 	case closed:
 		return block.ErrClosed
-	case write && d.cfg.Token == 0:
+	case write && !d.writable:
 		return block.ErrReadOnly
-	case write && lost != nil:
-		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, lost)
-	case write && d.cfg.Live != nil && d.cfg.AwaitLive == nil && !d.cfg.Live(time.Now()):
-		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, ErrLeaseLost)
+	case err != nil:
+		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, err)
 	}
 	return block.CheckRange(off, n, d.size.Load())
 }
@@ -628,6 +538,11 @@ type piece struct {
 	off int64 // within the object
 	n   int64
 	pos int64 // within the request
+}
+
+// hole is the extents of a piece that holds nothing.
+func (pc piece) hole() []protocol.Extent {
+	return []protocol.Extent{{Offset: uint64(pc.off), Length: uint64(pc.n), Hole: true}}
 }
 
 // pieces splits [off, off+n) by object.
@@ -665,7 +580,7 @@ func (d *Device) each(ps []piece, fn func(i int, pc piece) error) error {
 // replicas returns the nodes that hold obj in v. With fewer failure
 // domains than copies (a cluster that lost nodes) the object is on every
 // domain there is.
-func (d *Device) replicas(v *View, obj object.ID) ([]string, error) {
+func (d *Device) replicas(v *view.View, obj object.ID) ([]string, error) {
 	copies := min(d.copies(v), v.Map.Zones())
 	nodes, err := v.Map.Place(obj, copies, make([]string, 0, copies))
 	if err != nil {
@@ -679,7 +594,7 @@ func (d *Device) replicas(v *View, obj object.ID) ([]string, error) {
 // VDI the view lacks was created after the node read the table for it,
 // so no change of its copies can have made v's epoch, and the record's
 // value for the epoch is right.
-func (d *Device) copies(v *View) int {
+func (d *Device) copies(v *view.View) int {
 	if n, ok := v.Copies[d.cfg.VDI]; ok {
 		return n
 	}
@@ -701,21 +616,22 @@ func (d *Device) copies(v *View) int {
 // new placement. Each attempt is abandoned when its view is superseded,
 // so a request stuck on a node cut off by a partition moves on with the
 // epoch that drops it. The client sees a stall, not an error.
-func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *View) error) error {
+func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *view.View) error) error {
 	deadline := time.Now().Add(d.cfg.RetryTimeout)
 	v := d.cfg.Views.View()
 	for backoff := time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
 		// While the node rejoins the membership, the request waits; the
 		// wait does not count against RetryTimeout.
-		if waited, err := d.awaitLive(ctx); err != nil {
+		tok, waited, err := d.own.Live(ctx)
+		if err != nil {
 			return fmt.Errorf("gateway: vdi %s: waiting for the node to rejoin: %w", d.cfg.Name, err)
-		} else if waited > 0 {
+		}
+		if waited > 0 {
 			deadline = deadline.Add(waited)
 			v = d.cfg.Views.View()
 		}
-		tok := d.token.Load()
-		actx, stop := v.attempt(ctx)
-		err := try(actx, v)
+		actx, stop := v.Attempt(ctx)
+		err = try(actx, v)
 		stop()
 		if err == nil {
 			return nil
@@ -725,9 +641,9 @@ func (d *Device) retry(ctx context.Context, try func(ctx context.Context, v *Vie
 		}
 		if errors.Is(err, &protocol.Error{Status: protocol.StatusStaleToken}) {
 			// Refused for the token the lock had before this node lost
-			// its lease: once the lock is taken again (Retoken), the
-			// request goes again with the new one. Otherwise the lock
-			// went to another owner: the device is revoked.
+			// its lease: once the lock is taken again, the request goes
+			// again with the new one. Otherwise the lock went to another
+			// owner: the owner is revoked.
 			serr := d.staleToken(ctx, tok, err)
 			if serr == errRetry {
 				continue
@@ -792,11 +708,11 @@ func retryable(err error) bool {
 // token and handle-free fields); done, when not nil, is called with each
 // node that acknowledged. An epoch refusal wins over other errors, so
 // that retry sees it.
-func (d *Device) fanOut(ctx context.Context, v *View, n int, node func(i int) string, fill func(*protocol.Request), done func(id string)) error {
+func (d *Device) fanOut(ctx context.Context, v *view.View, n int, node func(i int) string, fill func(*protocol.Request), done func(id string)) error {
 	errs := make([]error, n)
 	call := func(i int) {
 		id := node(i)
-		req := protocol.Request{Epoch: v.Epoch, Token: d.token.Load()}
+		req := protocol.Request{Epoch: v.Epoch, Token: d.own.Token()}
 		fill(&req)
 		var resp protocol.Response
 		if err := d.cfg.Net.Call(ctx, v.Addr[id], &req, &resp); err != nil {
@@ -910,10 +826,10 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, kind wr
 		removes := kind == writeDiscard && pc.off == 0 && pc.n == d.objSize
 		if kind == writeData {
 			// Before any replica has the data. A refusal for the token
-			// is handled as a node's would be: go again after a relock
-			// (Retoken), else the device is revoked.
+			// is handled as a node's would be: go again after a relock,
+			// else the owner is revoked.
 			for {
-				tok := d.token.Load()
+				tok := d.own.Token()
 				err := d.ensureMarked(ctx, []piece{pc})
 				if err == nil {
 					break
@@ -939,7 +855,7 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, kind wr
 				d.settle(gid, sent)
 			}
 		}()
-		err = d.retry(ctx, func(ctx context.Context, v *View) error {
+		err = d.retry(ctx, func(ctx context.Context, v *view.View) error {
 			if z, n := v.Map.Zones(), d.copies(v); d.cfg.Strict && z < n {
 				return fmt.Errorf("gateway: vdi %s: %w: %d of %d failure domains live (epoch %d)", d.cfg.Name, ErrTooFewNodes, z, n, v.Epoch)
 			}
@@ -970,6 +886,9 @@ func (d *Device) write(ctx context.Context, off, n int64, f block.Flags, kind wr
 		})
 		if err == nil && removes {
 			d.unmark(ctx, pc.obj.Index())
+		}
+		if err == nil && kind == writeData {
+			err = d.wrote(ctx, pc.obj.Index(), durable)
 		}
 		return err
 	})
@@ -1113,8 +1032,8 @@ func (d *Device) Discard(ctx context.Context, off, n int64, f block.Flags) error
 // Flush sends a flush of the VDI to every node written to since the last
 // flush.
 func (d *Device) Flush(ctx context.Context) error {
-	if err := d.await(ctx); err != nil {
-		return err
+	if err := d.own.Admit(ctx, false); err != nil {
+		return fmt.Errorf("gateway: vdi %s: %w", d.cfg.Name, err)
 	}
 	d.mu.Lock()
 	if d.closed {
@@ -1124,7 +1043,13 @@ func (d *Device) Flush(ctx context.Context) error {
 	set := d.dirty
 	d.dirty = map[string]struct{}{}
 	d.mu.Unlock()
+	// The objects written since the last flush that are still unsynced:
+	// synced once every node flushed, before the flush is acknowledged.
+	toSync := d.takeToSync()
 	if len(set) == 0 {
+		if len(toSync) > 0 {
+			return d.syncOrPutBack(ctx, toSync)
+		}
 		return nil
 	}
 	ids := make([]string, 0, len(set))
@@ -1134,7 +1059,7 @@ func (d *Device) Flush(ctx context.Context) error {
 	slices.Sort(ids)
 	flushed := map[string]bool{}
 	var fmu sync.Mutex
-	err := d.retry(ctx, func(ctx context.Context, v *View) error {
+	err := d.retry(ctx, func(ctx context.Context, v *view.View) error {
 		var todo []string
 		fmu.Lock()
 		for _, id := range ids {
@@ -1163,13 +1088,28 @@ func (d *Device) Flush(ctx context.Context) error {
 			}
 		}
 		d.mu.Unlock()
+		d.putBack(toSync)
+		return err
 	}
-	return err
+	return d.syncOrPutBack(ctx, toSync)
+}
+
+// syncOrPutBack syncs idx after a flush made their writes durable; on
+// failure the next Flush tries again.
+func (d *Device) syncOrPutBack(ctx context.Context, idx []uint32) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	if err := d.sync(ctx, idx); err != nil {
+		d.putBack(idx)
+		return err
+	}
+	return nil
 }
 
 // readOrder is the order in which a read asks the replicas: the local
 // node first, then placement order.
-func (d *Device) readOrder(v *View, obj object.ID) ([]string, error) {
+func (d *Device) readOrder(v *view.View, obj object.ID) ([]string, error) {
 	nodes, err := d.replicas(v, obj)
 	if err != nil {
 		return nil, err
@@ -1184,7 +1124,7 @@ func (d *Device) readOrder(v *View, obj object.ID) ([]string, error) {
 // answers. It reports noent when no replica answered with the object but
 // at least one said it has none, which means the object was never
 // written.
-func (d *Device) askOne(ctx context.Context, v *View, obj object.ID, fill func(req *protocol.Request), resp *protocol.Response) (noent bool, err error) {
+func (d *Device) askOne(ctx context.Context, v *view.View, obj object.ID, fill func(req *protocol.Request), resp *protocol.Response) (noent bool, err error) {
 	nodes, err := d.readOrder(v, obj)
 	if err != nil {
 		return false, err
@@ -1245,8 +1185,9 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	}
 	err := d.each(d.pieces(off, int64(len(p))), func(_ int, pc piece) error {
 		buf := p[pc.pos : pc.pos+pc.n]
-		return d.retry(ctx, func(ctx context.Context, v *View) error {
+		return d.retry(ctx, func(ctx context.Context, v *view.View) error {
 			resp := protocol.Response{Payload: buf[:0]}
+			since := time.Now()
 			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
 				req.Op = protocol.OpRead
 				req.Offset = uint64(pc.off)
@@ -1256,6 +1197,9 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 			case err != nil:
 				return err
 			case noent:
+				if err := d.unwritten(ctx, pc.obj.Index(), since); err != nil {
+					return err
+				}
 				clear(buf)
 			case len(resp.Payload) != len(buf):
 				return fmt.Errorf("gateway: vdi %s: read of object %s returned %d bytes, want %d", d.cfg.Name, pc.obj, len(resp.Payload), len(buf))
@@ -1272,7 +1216,8 @@ func (d *Device) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 }
 
 // Extents asks one replica of each object for its allocation. An object
-// that was never written is a hole.
+// that was never written is a hole: one outside the allocation map of a
+// device that keeps it is not asked about.
 func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) ([]block.Extent, error) {
 	if err := d.check(ctx, off, n, false); err != nil {
 		return dst, err
@@ -1280,8 +1225,13 @@ func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) 
 	ps := d.pieces(off, n)
 	runs := make([][]protocol.Extent, len(ps))
 	err := d.each(ps, func(i int, pc piece) error {
-		return d.retry(ctx, func(ctx context.Context, v *View) error {
+		if d.surelyHole(pc.obj.Index()) {
+			runs[i] = pc.hole()
+			return nil
+		}
+		return d.retry(ctx, func(ctx context.Context, v *view.View) error {
 			var resp protocol.Response
+			since := time.Now()
 			noent, err := d.askOne(ctx, v, pc.obj, func(req *protocol.Request) {
 				req.Op = protocol.OpExtents
 				req.Offset = uint64(pc.off)
@@ -1291,7 +1241,10 @@ func (d *Device) Extents(ctx context.Context, off, n int64, dst []block.Extent) 
 				return err
 			}
 			if noent {
-				runs[i] = []protocol.Extent{{Offset: uint64(pc.off), Length: uint64(pc.n), Hole: true}}
+				if err := d.unwritten(ctx, pc.obj.Index(), since); err != nil {
+					return err
+				}
+				runs[i] = pc.hole()
 				return nil
 			}
 			ext, err := protocol.ParseExtents(nil, resp.Payload)

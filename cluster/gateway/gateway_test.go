@@ -18,9 +18,11 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/node"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/owner"
 	"github.com/ovis-storage/ovis/cluster/placement"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 var ctx = context.Background()
@@ -132,7 +134,7 @@ func (n *testNode) stop(t *testing.T) {
 
 type cluster struct {
 	nodes []*testNode
-	view  *gateway.View
+	view  *view.View
 	net   *counting
 	pool  *protocol.Pool
 }
@@ -148,7 +150,7 @@ func newCluster(t *testing.T, n int, epoch uint64) *cluster {
 		pn = append(pn, placement.Node{ID: tn.id, Weight: 1})
 		addrs[tn.id] = tn.addr
 	}
-	v, err := gateway.NewView(epoch, pn, addrs)
+	v, err := view.New(epoch, pn, addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,10 +161,10 @@ func newCluster(t *testing.T, n int, epoch uint64) *cluster {
 	return c
 }
 
-func (c *cluster) open(t *testing.T, views gateway.Views, token uint64, size int64, copies int) *gateway.Device {
+func (c *cluster) open(t *testing.T, views view.Source, token uint64, size int64, copies int) *gateway.Device {
 	t.Helper()
 	if views == nil {
-		views = gateway.StaticViews{V: c.view}
+		views = view.Static{V: c.view}
 	}
 	d, err := gateway.Open(ctx, gateway.Config{
 		VDI: 7, Name: "test", Size: size, Copies: copies, ObjectShift: object.MinSizeShift,
@@ -249,11 +251,11 @@ func TestModel(t *testing.T) {
 	}
 	// Every replica holds the same bytes: read each node alone.
 	for _, n := range c.nodes {
-		v, err := gateway.NewView(1, []placement.Node{{ID: n.id, Weight: 1}}, map[string]string{n.id: n.addr})
+		v, err := view.New(1, []placement.Node{{ID: n.id, Weight: 1}}, map[string]string{n.id: n.addr})
 		if err != nil {
 			t.Fatal(err)
 		}
-		one := c.open(t, gateway.StaticViews{V: v}, 0, size, 1)
+		one := c.open(t, view.Static{V: v}, 0, size, 1)
 		if got := readAll(t, one); !bytes.Equal(got, model) {
 			t.Errorf("node %s: its copy differs from the model", n.id)
 		}
@@ -332,13 +334,13 @@ func TestFUAIsOneSyncRequest(t *testing.T) {
 // switchViews is a Views the test moves to a new epoch.
 type switchViews struct {
 	mu   sync.Mutex
-	v    *gateway.View
+	v    *view.View
 	wake chan struct{}
 }
 
-func (s *switchViews) View() *gateway.View { s.mu.Lock(); defer s.mu.Unlock(); return s.v }
+func (s *switchViews) View() *view.View { s.mu.Lock(); defer s.mu.Unlock(); return s.v }
 
-func (s *switchViews) set(v *gateway.View) {
+func (s *switchViews) set(v *view.View) {
 	s.mu.Lock()
 	s.v = v
 	close(s.wake)
@@ -346,7 +348,7 @@ func (s *switchViews) set(v *gateway.View) {
 	s.mu.Unlock()
 }
 
-func (s *switchViews) Await(ctx context.Context, e uint64) (*gateway.View, error) {
+func (s *switchViews) Await(ctx context.Context, e uint64) (*view.View, error) {
 	for {
 		s.mu.Lock()
 		v, wake := s.v, s.wake
@@ -474,7 +476,7 @@ func TestRange(t *testing.T) {
 	if n := c.net.get("write") + c.net.get("read"); n != 0 {
 		t.Errorf("%d requests reached a node", n)
 	}
-	if _, err := gateway.Open(ctx, gateway.Config{VDI: 1, Size: 1, Copies: 1, ObjectShift: 12, Views: gateway.StaticViews{V: c.view}, Net: c.net}); err == nil {
+	if _, err := gateway.Open(ctx, gateway.Config{VDI: 1, Size: 1, Copies: 1, ObjectShift: 12, Views: view.Static{V: c.view}, Net: c.net}); err == nil {
 		t.Error("an object size of 4 KiB was accepted")
 	}
 }
@@ -486,7 +488,7 @@ func TestLeaseLost(t *testing.T) {
 	var live atomic.Bool
 	live.Store(true)
 	d, err := gateway.Open(ctx, gateway.Config{VDI: 7, Name: "test", Size: 1 << 20, Copies: 1, ObjectShift: object.MinSizeShift,
-		Token: 1, Views: gateway.StaticViews{V: c.view}, Net: c.net, Live: func(time.Time) bool { return live.Load() }})
+		Owner: owner.New(owner.Config{Token: 1, Valid: func(time.Time) bool { return live.Load() }}), Views: view.Static{V: c.view}, Net: c.net})
 	if err != nil {
 		t.Fatal(err)
 	}

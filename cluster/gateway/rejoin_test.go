@@ -9,6 +9,8 @@ import (
 
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/owner"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // lease is a node's lease as the gateway sees it: live or not, and a
@@ -52,26 +54,27 @@ func (l *lease) Await(ctx context.Context) error {
 	}
 }
 
-// TestRejoin walks a writable device through its node losing the lease
-// and rejoining: a write waits while the lease is gone (no error, no
-// request); after Suspend a new write is held until Retoken, and then
-// goes with the new token, which every node now demands (the old one is
-// refused); Lose fails later writes with ErrLeaseLost and keeps reads;
-// Abandon lets held requests go, failing.
+// TestRejoin walks a writable device and its owner through its node
+// losing the lease and rejoining: a write waits while the lease is gone
+// (no error, no request); once the owner is suspended a new write is
+// held until the lock is taken again (Fence, then owner.Retaken), and
+// then goes with the new token, which every node now demands (the old
+// one is refused); a refused relock fails later writes with
+// ErrLeaseLost and keeps reads; Abandon lets held requests go, failing.
 func TestRejoin(t *testing.T) {
 	c := newCluster(t, 3, 1)
 	l := newLease()
-	open := func(token uint64) *gateway.Device {
+	open := func(token uint64) (*gateway.Device, *owner.Authority) {
+		own := owner.New(owner.Config{Token: token, Valid: l.Valid, AwaitValid: l.Await})
 		d, err := gateway.Open(ctx, gateway.Config{VDI: 7, Name: "test", Size: 8 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-			Token: token, Views: gateway.StaticViews{V: c.view}, Net: c.net, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second,
-			Live: l.Valid, AwaitLive: l.Await})
+			Owner: own, Views: view.Static{V: c.view}, Net: c.net, Local: c.nodes[0].id, RetryTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { d.Close() })
-		return d
+		return d, own
 	}
-	d := open(10)
+	d, own := open(10)
 	write := func(d *gateway.Device, b byte) <-chan error {
 		done := make(chan error, 1)
 		go func() {
@@ -109,43 +112,48 @@ func TestRejoin(t *testing.T) {
 	}
 	// The node rejoins and suspends the device while it takes the lock
 	// again: the waiting write goes on (old token); a new one is held.
-	d.Suspend()
+	own.Apply(owner.Event{Kind: owner.LeaseLost})
 	l.set(true)
 	if err := result(w); err != nil {
 		t.Fatalf("the write that waited for the lease: %v", err)
 	}
 	w = write(d, 2)
 	pending(w, "a write while the device is suspended")
-	if err := d.Retoken(ctx, 20); err != nil {
+	own.Apply(owner.Event{Kind: owner.Rejoined})
+	pending(w, "a write while the lock is taken again")
+	if err := d.Fence(ctx, 20); err != nil {
 		t.Fatal(err)
+	}
+	if !own.Apply(owner.Event{Kind: owner.Retaken, Token: 20}) {
+		t.Fatal("the owner did not take token 20")
 	}
 	if err := result(w); err != nil {
 		t.Fatalf("the write held for the relock: %v", err)
 	}
 	// Every node now refuses the old token.
 	if _, err := open2(t, c, 10); err == nil {
-		t.Fatal("a device at the old token was opened after Retoken")
+		t.Fatal("a device at the old token was opened after the fence of the new one")
 	}
 
 	// Lost: writes fail, reads go on.
-	d.Suspend()
+	own.Apply(owner.Event{Kind: owner.LeaseLost})
 	w = write(d, 3)
 	pending(w, "a write while the device is suspended again")
-	d.Lose(errors.New("taken over"))
+	own.Apply(owner.Event{Kind: owner.Refused, Why: errors.New("taken over")})
 	if err := result(w); !errors.Is(err, gateway.ErrLeaseLost) {
-		t.Fatalf("the held write after Lose: %v, want ErrLeaseLost", err)
+		t.Fatalf("the held write after the relock was refused: %v, want ErrLeaseLost", err)
 	}
 	b := make([]byte, 1)
 	if _, err := d.ReadAt(ctx, b, 0); err != nil || b[0] != 2 {
-		t.Fatalf("read after Lose: %v, byte %d, want 2", err, b[0])
+		t.Fatalf("read after the loss: %v, byte %d, want 2", err, b[0])
 	}
 
 	// Abandon: a device held for a relock that will not come.
-	e := open(30)
-	e.Suspend()
+	e, eown := open(30)
+	eown.Apply(owner.Event{Kind: owner.LeaseLost})
 	w = write(e, 4)
 	pending(w, "a write on a suspended device")
-	e.Abandon(errors.New("closing"))
+	eown.Apply(owner.Event{Kind: owner.Abandon, Why: errors.New("closing")})
 	if err := result(w); !errors.Is(err, gateway.ErrLeaseLost) {
 		t.Fatalf("the held write after Abandon: %v, want ErrLeaseLost", err)
 	}
@@ -157,5 +165,5 @@ func TestRejoin(t *testing.T) {
 // open2 opens a writable device at token without failing the test.
 func open2(t *testing.T, c *cluster, token uint64) (*gateway.Device, error) {
 	return gateway.Open(ctx, gateway.Config{VDI: 7, Name: "test", Size: 8 << 20, Copies: 3, ObjectShift: object.MinSizeShift,
-		Token: token, Views: gateway.StaticViews{V: c.view}, Net: c.net, Local: c.nodes[0].id, RetryTimeout: time.Second})
+		Token: token, Views: view.Static{V: c.view}, Net: c.net, Local: c.nodes[0].id, RetryTimeout: time.Second})
 }

@@ -161,3 +161,70 @@ func TestAllocationFenced(t *testing.T) {
 		t.Fatalf("mark under the new token: %v", err)
 	}
 }
+
+// TestUnsyncedSet: a mark puts objects in the allocation map and the
+// unsynced set at once; MarkSynced takes them out of the set alone,
+// under the lock's token (a fenced writer's is refused, changing
+// nothing); unmarking takes an object out of both; deleting the VDI
+// deletes the set.
+func TestUnsyncedSet(t *testing.T) {
+	t.Parallel()
+	c, regs := formatted(t, 1, 0)
+	v, err := c.CreateVDI(ctx, VDI{Name: "synced", Size: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.Lock(ctx, regs[0], "synced", "gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := func(what string, alloc, unsynced []uint32) {
+		t.Helper()
+		a, err := c.Allocated(ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := c.Unsynced(ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ga, gu []uint32
+		a.Each(func(i uint32) { ga = append(ga, i) })
+		u.Each(func(i uint32) { gu = append(gu, i) })
+		if !slices.Equal(ga, alloc) || !slices.Equal(gu, unsynced) {
+			t.Fatalf("%s: map %v and unsynced %v, want %v and %v", what, ga, gu, alloc, unsynced)
+		}
+	}
+	far := uint32(object.SetChunk + 5)
+	if err := c.MarkAllocated(ctx, v.ID, l.Token, []uint32{1, 2, far}); err != nil {
+		t.Fatal(err)
+	}
+	both("after the mark", []uint32{1, 2, far}, []uint32{1, 2, far})
+	if err := c.MarkSynced(ctx, v.ID, l.Token, []uint32{2, far}); err != nil {
+		t.Fatal(err)
+	}
+	both("after a sync", []uint32{1, 2, far}, []uint32{1})
+	if resp, err := c.cli.Get(ctx, c.k.unsynced(v.ID, 1)); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("the emptied unsynced chunk's key is still there (%v)", err)
+	}
+	// Unmarking takes an unsynced object (3) and a synced one (2) out of
+	// both.
+	if err := c.MarkAllocated(ctx, v.ID, l.Token, []uint32{3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UnmarkAllocated(ctx, v.ID, l.Token, []uint32{3, 2}); err != nil {
+		t.Fatal(err)
+	}
+	both("after unmarking a synced and an unsynced object", []uint32{1, far}, []uint32{1})
+	if _, err := c.BreakLock(ctx, "synced"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MarkSynced(ctx, v.ID, l.Token, []uint32{1}); !errors.Is(err, ErrNotLocked) {
+		t.Fatalf("sync under a broken lock's token: %v, want ErrNotLocked", err)
+	}
+	both("after a fenced sync", []uint32{1, far}, []uint32{1})
+	if _, err := c.DeleteVDI(ctx, "synced"); err != nil {
+		t.Fatal(err)
+	}
+	both("after the delete", nil, nil)
+}

@@ -123,6 +123,12 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	}
 	select {
 	case <-e.Server.ReadyNotify():
+		// Ready and cancelled at once: select picks either, and a
+		// cancelled start must fail whichever it picked.
+		if err := ctx.Err(); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("membership: embedded etcd in %s: %w", cfg.Dir, err)
+		}
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("membership: embedded etcd in %s: %w", cfg.Dir, err)

@@ -25,6 +25,11 @@ type NodeInfo struct {
 	Zone uint32 `json:"zone"`
 	// Weight is the node's share of objects, relative to the others.
 	Weight uint32 `json:"weight"`
+	// Full: the node's disk is at its reserve. An epoch that lists it
+	// places no object on it (unless every node is full), so new copies
+	// go to the others, and recovery moves its copies off; it still
+	// serves what it holds to recovery. Set by Registration.SetFull.
+	Full bool `json:"full,omitempty"`
 }
 
 // Validate reports a bad ID or Addr.

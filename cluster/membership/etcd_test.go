@@ -736,3 +736,50 @@ func TestCompactor(t *testing.T) {
 		t.Fatal("first revision still readable")
 	}
 }
+
+// TestSetFull: a node that says its disk is full makes a new epoch that
+// lists it Full, and one that says it has room again another; its
+// registration's Node says what the key holds. A registration that is
+// no longer the key's (it left) cannot change it.
+func TestSetFull(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, shared.Endpoints(), "")
+	a := join(t, c, "a", 0)
+	join(t, c, "b", 0)
+	v0, err := c.View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fullIn := func(v View) []bool {
+		var f []bool
+		for _, n := range v.Nodes {
+			f = append(f, n.Full)
+		}
+		return f
+	}
+	for i, full := range []bool{true, false} {
+		if err := a.SetFull(ctx, full); err != nil {
+			t.Fatal(err)
+		}
+		if a.Node().Full != full {
+			t.Fatalf("Node().Full %v after SetFull(%v)", a.Node().Full, full)
+		}
+		want := v0.Epoch + uint64(i) + 1
+		eventually(t, 5*time.Second, func() error {
+			v, err := c.View(ctx)
+			if err != nil {
+				return err
+			}
+			if v.Epoch != want || !slices.Equal(fullIn(v), []bool{full, false}) {
+				return fmt.Errorf("epoch %d, full %v; want epoch %d, full [%v false]", v.Epoch, fullIn(v), want, full)
+			}
+			return nil
+		})
+	}
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetFull(ctx, true); err == nil {
+		t.Fatal("a registration that left set its node full")
+	}
+}

@@ -45,6 +45,52 @@ func (f Format) Validate() error {
 	return nil
 }
 
+// ZonesError refuses more copies than the cluster has zones (failure
+// domains): placement puts the copies of an object in distinct zones,
+// so the extra copies could go nowhere. It wraps ErrInvalid.
+type ZonesError struct {
+	Copies, Zones int
+}
+
+func (e *ZonesError) Error() string {
+	return fmt.Sprintf("copies %d: the cluster has %d nodes (failure domains); start more nodes first", e.Copies, e.Zones)
+}
+
+// Is makes a ZonesError an ErrInvalid.
+func (e *ZonesError) Is(target error) bool { return target == ErrInvalid }
+
+// NewFormat fills a format's defaults (Copies 0 is 1) and checks it for
+// a cluster of zones zones: a *ZonesError when its copies are more, or
+// Validate's error. Every entry point that formats (the admin plane,
+// ovis up, tests) goes through it, by FormatIn. Pure.
+func NewFormat(f Format, zones int) (Format, error) {
+	if f.Copies == 0 {
+		f.Copies = 1
+	}
+	if f.Copies > zones {
+		return Format{}, &ZonesError{Copies: f.Copies, Zones: zones}
+	}
+	if err := f.Validate(); err != nil {
+		return Format{}, err
+	}
+	return f, nil
+}
+
+// FormatIn formats the cluster with f as Format does, once NewFormat
+// has filled its defaults and checked it against the zones of v, the
+// view it is made in; it returns the record as stored. It returns
+// NewFormat's errors and Format's (ErrFormatted without force).
+func (c *Client) FormatIn(ctx context.Context, v View, f Format, force bool) (Format, error) {
+	f, err := NewFormat(f, v.Zones())
+	if err != nil {
+		return Format{}, err
+	}
+	if err := c.Format(ctx, f, force); err != nil {
+		return Format{}, err
+	}
+	return c.GetFormat(ctx)
+}
+
 // validShift checks an object size given as a shift.
 func validShift(s uint8) error {
 	if s < object.MinSizeShift || s > object.MaxSizeShift {

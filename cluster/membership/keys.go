@@ -22,6 +22,7 @@ const (
 	keyVDITomb   = "vdi/tomb/"
 	keyLocks     = "locks/"
 	keyOwners    = "owners/"
+	keyReach     = "reach/"
 )
 
 // keys renders the layout under one prefix.
@@ -49,6 +50,10 @@ func (k keys) lock(id object.VDI) string {
 }
 func (k keys) owner(id object.VDI) string {
 	return fmt.Sprintf("%s%s%08x", k.prefix, keyOwners, uint32(id))
+}
+func (k keys) reaches() string { return k.prefix + keyReach }
+func (k keys) reach(target, reporter string) string {
+	return k.prefix + keyReach + target + "/" + reporter
 }
 func (k keys) nodeID(key string) string { return strings.TrimPrefix(key, k.nodes()) }
 

@@ -48,6 +48,8 @@ type Registration struct {
 		// reason says why the registration ended; empty while live.
 		reason string
 		left   bool
+		// full is the Full the node key holds now (SetFull).
+		full bool
 	}
 }
 
@@ -124,6 +126,7 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 	}
 
 	r := &Registration{c: c, node: n, lease: g.ID, ttl: ttl, fenced: make(chan struct{})}
+	r.mu.full = n.Full
 	r.deadline.Store(fenceDeadline(sent, ttl).UnixNano())
 	var lctx context.Context
 	lctx, r.cancel = context.WithCancel(c.bg)
@@ -160,8 +163,46 @@ func (c *Client) Join(ctx context.Context, n NodeInfo, ttl time.Duration) (*Regi
 	return r, nil
 }
 
-// Node returns what the registration registered.
-func (r *Registration) Node() NodeInfo { return r.node }
+// Node returns what the registration registered, with its Full as the
+// node key holds it now.
+func (r *Registration) Node() NodeInfo {
+	n := r.node
+	r.mu.Lock()
+	n.Full = r.mu.full
+	r.mu.Unlock()
+	return n
+}
+
+// SetFull writes full into the node's key, under the registration's
+// lease: the epoch changes (bumpEpochs sees the key change), and the new
+// one places nothing on a full node. It fails with ErrFenced when the
+// key is no longer this registration's.
+func (r *Registration) SetFull(ctx context.Context, full bool) error {
+	if err := r.Err(); err != nil {
+		return err
+	}
+	n := r.Node()
+	n.Full = full
+	b, err := json.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("membership: node %q: %w", n.ID, err)
+	}
+	key := r.c.k.node(n.ID)
+	resp, err := r.c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.LeaseValue(key), "=", r.lease)).
+		Then(clientv3.OpPut(key, string(b), clientv3.WithLease(r.lease))).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("membership: node %q: setting full %v: %w", n.ID, full, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("membership: node %q: setting full %v: the node key is not this registration's: %w", n.ID, full, ErrFenced)
+	}
+	r.mu.Lock()
+	r.mu.full = full
+	r.mu.Unlock()
+	return nil
+}
 
 // LeaseID returns the registration's lease; the VDI locks a node takes
 // live under it.

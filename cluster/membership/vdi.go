@@ -111,6 +111,18 @@ func (v VDI) withDefaults(f Format) VDI {
 	return v
 }
 
+// NewVDI fills v's Copies and ObjectShift from the format when they are
+// 0 and checks the result as ValidateVDI does, for a cluster of zones
+// zones; it returns the VDI as CreateVDI stores it, but for its id,
+// state and times. Every entry point that creates a VDI goes through it
+// (CreateVDI does). Pure.
+func NewVDI(v VDI, f Format, zones int) (VDI, error) {
+	if err := ValidateVDI(v, f, zones); err != nil {
+		return VDI{}, err
+	}
+	return v.withDefaults(f), nil
+}
+
 // ValidateVDI checks v as CreateVDI would, with zones the failure
 // domains of the current view (View.Zones). Copies and ObjectShift of 0
 // take the format's. The error wraps ErrInvalid and names the value.
@@ -155,10 +167,9 @@ func (c *Client) CreateVDI(ctx context.Context, v VDI) (VDI, error) {
 	if err != nil {
 		return VDI{}, fmt.Errorf("membership: create vdi %q: %w", v.Name, err)
 	}
-	if err := ValidateVDI(v, f, view.Zones()); err != nil {
+	if v, err = NewVDI(v, f, view.Zones()); err != nil {
 		return VDI{}, fmt.Errorf("membership: create %w", err)
 	}
-	v = v.withDefaults(f)
 	v.State = StateReady
 	v.Allocation = true
 	v.Epoch = view.Epoch
@@ -310,6 +321,7 @@ func (c *Client) DeleteVDI(ctx context.Context, name string) (VDI, error) {
 			clientv3.OpDelete(c.k.vdiID(v.ID)),
 			clientv3.OpDelete(c.k.owner(v.ID)),
 			clientv3.OpDelete(c.k.allocs(v.ID), clientv3.WithPrefix()),
+			clientv3.OpDelete(c.k.unsynceds(v.ID), clientv3.WithPrefix()),
 			clientv3.OpPut(c.k.tomb(v.ID), string(tb)),
 		).Else(
 			clientv3.OpGet(lk),

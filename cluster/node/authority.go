@@ -4,9 +4,9 @@ import (
 	"context"
 	"sync"
 
-	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // authority keeps what recovery reads from etcd again and again: the
@@ -21,7 +21,7 @@ type authority struct {
 	n *Node
 
 	mu    sync.Mutex
-	views map[uint64]*gateway.View
+	views map[uint64]*view.View
 	vdis  map[object.VDI]knownVDI
 }
 
@@ -32,7 +32,7 @@ type knownVDI struct {
 }
 
 func newAuthority(n *Node) *authority {
-	return &authority{n: n, views: map[uint64]*gateway.View{}, vdis: map[object.VDI]knownVDI{}}
+	return &authority{n: n, views: map[uint64]*view.View{}, vdis: map[object.VDI]knownVDI{}}
 }
 
 // vdi returns the VDI's record, for its object size.
@@ -64,7 +64,7 @@ func (a *authority) vdiAt(ctx context.Context, id object.VDI, e uint64) (members
 	return v, nil
 }
 
-func (a *authority) view(ctx context.Context, e uint64) (*gateway.View, error) {
+func (a *authority) view(ctx context.Context, e uint64) (*view.View, error) {
 	if cur := a.n.views.View(); cur.Epoch == e {
 		return cur, nil
 	}

@@ -8,10 +8,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ovis-storage/ovis/cluster/admin"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // Check compares every copy of every object the nodes of v hold: each
@@ -25,7 +27,7 @@ import (
 // away. progress, when not nil, is called as objects are done (done of
 // total). net reaches the nodes (protocol.Pool, or a node's own
 // caller).
-func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []membership.VDI, allocated Allocated, progress func(done, total int)) (*CheckReport, error) {
+func Check(ctx context.Context, net gateway.Caller, v *view.View, vdis []membership.VDI, allocated Allocated, progress func(done, total int)) (*admin.CheckReport, error) {
 	ids := make([]string, 0, len(v.Addr))
 	for id := range v.Addr {
 		ids = append(ids, id)
@@ -52,7 +54,7 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 	}
 	slices.Sort(objs)
 
-	results := make([][]CheckResult, len(objs))
+	results := make([][]admin.CheckResult, len(objs))
 	copies := make([]int, len(objs))
 	errs := make([]error, len(objs))
 	var (
@@ -81,7 +83,7 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 	}
 	close(work)
 	wg.Wait()
-	rep := &CheckReport{}
+	rep := &admin.CheckReport{}
 	for _, vd := range vdis {
 		if !vd.Allocation || allocated == nil {
 			continue
@@ -97,7 +99,7 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 				return
 			}
 			rep.Objects++
-			rep.Bad = append(rep.Bad, CheckResult{VDI: vd.Name, Object: o.String(), Kind: "absent",
+			rep.Bad = append(rep.Bad, admin.CheckResult{VDI: vd.Name, Object: o.String(), Kind: "absent",
 				Problem: "written (in the VDI's allocation map), and no node that is up holds a copy: lost, or its holders are away"})
 		})
 	}
@@ -115,39 +117,80 @@ func Check(ctx context.Context, net gateway.Caller, v *gateway.View, vdis []memb
 }
 
 // Allocated reads a VDI's allocation map (membership.Client.Allocated,
-// or the admin command vdi.allocated through a node).
+// or AllocatedVia a node).
 type Allocated func(ctx context.Context, vd membership.VDI) (*object.Set, error)
 
-// AllocChunk is one chunk of an allocation map as the admin command
-// vdi.allocated returns it (object.Set.ChunkBytes).
-type AllocChunk struct {
-	Chunk uint32 `json:"chunk"`
-	Bits  []byte `json:"bits"`
-}
-
-// allocChunks encodes s for the admin command.
-func allocChunks(s *object.Set) []AllocChunk {
-	out := []AllocChunk{}
-	for _, c := range s.Chunks() {
-		out = append(out, AllocChunk{Chunk: c, Bits: s.ChunkBytes(c)})
+// AllocatedVia reads allocation maps through the node c reaches (the
+// admin verb vdi.allocated).
+func AllocatedVia(c *admin.Client) Allocated {
+	return func(ctx context.Context, vd membership.VDI) (*object.Set, error) {
+		chunks, err := admin.VDIAllocated.Do(ctx, c, admin.NameRequest{Name: vd.Name})
+		if err != nil {
+			return nil, fmt.Errorf("allocation map of vdi %s: %w", vd.Name, err)
+		}
+		return admin.SetOf(chunks)
 	}
-	return out
 }
 
-// SetOf decodes what the admin command vdi.allocated returns.
-func SetOf(chunks []AllocChunk) (*object.Set, error) {
-	var s object.Set
-	for _, c := range chunks {
-		if err := s.AddChunkBytes(c.Chunk, c.Bits); err != nil {
-			return nil, err
+// CheckVia is `ovis cluster check` run from outside the cluster: it
+// learns the epoch and the VDIs from the node c reaches, compares every
+// copy through net itself (Check, with progress), and adds the objects
+// the nodes report unfound (Unfound), which no listing has. With repair,
+// and problems found, it repairs them (Repair) and checks again;
+// repaired says what it did. Unfound objects are left as they are
+// by repair: only a holder's return settles them.
+func CheckVia(ctx context.Context, c *admin.Client, net gateway.Caller, repair bool, progress func(done, total int)) (_ *admin.CheckReport, repaired []string, _ error) {
+	info, err := admin.GetInfo.Do(ctx, c, admin.None{})
+	if err != nil {
+		return nil, nil, err
+	}
+	vdis, err := admin.VDIList.Do(ctx, c, admin.None{})
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := ViewOf(membership.View{Epoch: info.Epoch, Nodes: info.Nodes})
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := Check(ctx, net, v, vdis, AllocatedVia(c), progress)
+	if err != nil {
+		return nil, nil, err
+	}
+	r.VDIs = vdis
+	// Objects whose every holder is away are in no listing: the nodes
+	// placed for them say so, and say who may hold them, which says
+	// more than the allocation map's "absent".
+	nodes, err := admin.NodeList.Do(ctx, c, admin.None{})
+	if err != nil {
+		return nil, nil, err
+	}
+	unfound := Unfound(nodes, vdis)
+	r.Bad = slices.DeleteFunc(r.Bad, func(b admin.CheckResult) bool {
+		return b.Kind == "absent" && slices.ContainsFunc(unfound, func(u admin.CheckResult) bool { return u.Object == b.Object })
+	})
+	r.Bad = append(r.Bad, unfound...)
+	if !repair || len(r.Bad) == 0 {
+		return r, nil, nil
+	}
+	if repaired, err = Repair(ctx, net, v, r); err != nil {
+		return nil, repaired, err
+	}
+	again, err := Check(ctx, net, v, vdis, AllocatedVia(c), nil)
+	if err != nil {
+		return nil, repaired, err
+	}
+	again.VDIs = vdis
+	for _, b := range r.Bad {
+		if b.Kind == "unfound" {
+			again.Bad = append(again.Bad, b)
 		}
 	}
-	return &s, nil
+	return again, repaired, nil
 }
 
 // listAll lists the objects of vdi (0: every VDI) node id holds, page by
 // page.
-func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string, vdi object.VDI) ([]protocol.ObjectInfo, error) {
+func listAll(ctx context.Context, net gateway.Caller, v *view.View, id string, vdi object.VDI) ([]protocol.ObjectInfo, error) {
 	var all []protocol.ObjectInfo
 	for cursor := uint64(0); ; {
 		var resp protocol.Response
@@ -168,10 +211,10 @@ func listAll(ctx context.Context, net gateway.Caller, v *gateway.View, id string
 }
 
 // checkObject compares the copies of one object.
-func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID map[object.VDI]membership.VDI, o object.ID, holders []string) ([]CheckResult, int, error) {
+func checkObject(ctx context.Context, net gateway.Caller, v *view.View, byID map[object.VDI]membership.VDI, o object.ID, holders []string) ([]admin.CheckResult, int, error) {
 	vd, ok := byID[o.VDI()]
 	if !ok {
-		return []CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders, Kind: "orphan"}}, 0, nil
+		return []admin.CheckResult{{Object: o.String(), Problem: "object of no VDI (deleted?)", Nodes: holders, Kind: "orphan"}}, 0, nil
 	}
 	// The copies of v's epoch: vdis were read after v was (VDI.CopiesAt).
 	c, _ := vd.CopiesAt(v.Epoch)
@@ -180,7 +223,7 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 	if err != nil {
 		return nil, 0, err
 	}
-	var bad []CheckResult
+	var bad []admin.CheckResult
 	var missing []string
 	sums := map[uint32][]string{}
 	vers := map[uint32]uint64{}
@@ -205,8 +248,19 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 			err = net.Call(ctx, v.Addr[id], &req, &resp)
 		}
 		if err != nil {
-			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}, Kind: "error"})
-			continue
+			bad = append(bad, admin.CheckResult{VDI: vd.Name, Object: o.String(), Problem: "checksum failed: " + err.Error(), Nodes: []string{id}, Kind: "error"})
+			if protocol.StatusOf(err) != protocol.StatusSuspect {
+				continue
+			}
+			// Still withheld: the copy as it is goes into the
+			// comparison, so that the report says whether the copies
+			// differ (a hide that stays while they agree is a fault of
+			// its own).
+			req.Flags |= protocol.FlagRecovery
+			resp = protocol.Response{}
+			if err = net.Call(ctx, v.Addr[id], &req, &resp); err != nil {
+				continue
+			}
 		}
 		crc, ver, err := protocol.ParseChecksumReply(resp.Payload)
 		if err != nil {
@@ -217,22 +271,22 @@ func checkObject(ctx context.Context, net gateway.Caller, v *gateway.View, byID 
 		compared++
 	}
 	if len(missing) > 0 {
-		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), n), Nodes: missing, Kind: "missing"})
+		bad = append(bad, admin.CheckResult{VDI: vd.Name, Object: o.String(), Problem: fmt.Sprintf("%d of %d copies missing", len(missing), n), Nodes: missing, Kind: "missing"})
 	}
 	if len(sums) > 1 {
 		var groups []string
-		var gs []CheckGroup
+		var gs []admin.CheckGroup
 		for crc, nodes := range sums {
 			groups = append(groups, fmt.Sprintf("%08x on %v", crc, nodes))
-			gs = append(gs, CheckGroup{CRC: crc, Version: vers[crc], Nodes: nodes})
+			gs = append(gs, admin.CheckGroup{CRC: crc, Version: vers[crc], Nodes: nodes})
 		}
 		slices.Sort(groups)
-		slices.SortFunc(gs, func(a, b CheckGroup) int { return cmp.Compare(a.CRC, b.CRC) })
-		bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups), Kind: "differ", Groups: gs})
+		slices.SortFunc(gs, func(a, b admin.CheckGroup) int { return cmp.Compare(a.CRC, b.CRC) })
+		bad = append(bad, admin.CheckResult{VDI: vd.Name, Object: o.String(), Problem: "copies differ: " + fmt.Sprint(groups), Kind: "differ", Groups: gs})
 	}
 	for _, id := range holders {
 		if !slices.Contains(want, id) {
-			bad = append(bad, CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}, Kind: "extra"})
+			bad = append(bad, admin.CheckResult{VDI: vd.Name, Object: o.String(), Problem: "extra copy on a node that should not hold it", Nodes: []string{id}, Kind: "extra"})
 		}
 	}
 	return bad, compared, nil
@@ -248,12 +302,12 @@ var listPage uint32 = 1 << 16
 // in no listing, and only the recovery of the nodes placed for it knows
 // of it. A node that names fewer objects than it counts adds one problem
 // for the rest. vdis names the VDIs.
-func Unfound(nodes []NodeStatus, vdis []membership.VDI) []CheckResult {
+func Unfound(nodes []admin.NodeStatus, vdis []membership.VDI) []admin.CheckResult {
 	names := map[object.VDI]string{}
 	for _, vd := range vdis {
 		names[vd.ID] = vd.Name
 	}
-	var out []CheckResult
+	var out []admin.CheckResult
 	seen := map[string]bool{}
 	for _, n := range nodes {
 		r := n.Recovery
@@ -269,11 +323,11 @@ func Unfound(nodes []NodeStatus, vdis []membership.VDI) []CheckResult {
 			if id, err := object.Parse(o); err == nil {
 				name = names[id.VDI()]
 			}
-			out = append(out, CheckResult{VDI: name, Object: o, Kind: "unfound", Nodes: r.UnfoundOn,
+			out = append(out, admin.CheckResult{VDI: name, Object: o, Kind: "unfound", Nodes: r.UnfoundOn,
 				Problem: "unfound: its newest copy may be on nodes that are away; nobody serves it until one returns:"})
 		}
 		if more := r.Unfound - len(r.UnfoundObjects); more > 0 {
-			out = append(out, CheckResult{VDI: "-", Object: "-", Kind: "unfound", Nodes: r.UnfoundOn,
+			out = append(out, admin.CheckResult{VDI: "-", Object: "-", Kind: "unfound", Nodes: r.UnfoundOn,
 				Problem: fmt.Sprintf("%d more objects unfound on node %s; they may be on:", more, n.ID)})
 		}
 	}

@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 var ctx = context.Background()
@@ -52,7 +52,7 @@ func TestCheck(t *testing.T) {
 		nodes = append(nodes, placement.Node{ID: id, Weight: 1})
 		addrs[id] = id
 	}
-	v, err := gateway.NewView(1, nodes, addrs)
+	v, err := view.New(1, nodes, addrs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/placement"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // modelGate is the model's view of one gate.
@@ -522,12 +523,12 @@ func TestNoGateOutlivesItsWrite(t *testing.T) {
 		nodes = append(nodes, placement.Node{ID: id, Weight: 1})
 		addrs[id] = id
 	}
-	v, err := gateway.NewView(1, nodes, addrs)
+	v, err := view.New(1, nodes, addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := gateway.Open(ctx, gateway.Config{VDI: 9, Name: "fill", Size: 16 << 20, Copies: 3, ObjectShift: 22,
-		Token: 1, Views: gateway.StaticViews{V: v}, Net: hs, Local: "n0"})
+		Token: 1, Views: view.Static{V: v}, Net: hs, Local: "n0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,8 +42,9 @@ type Handler struct {
 	// requests, which carry protocol.FlagRecovery): it returns once the
 	// copy is current in epoch, recovering it first when it may not be
 	// (see recoverer). An error refuses the request with StatusSuspect,
-	// which the gateway retries.
-	Ready func(ctx context.Context, obj object.ID, epoch uint64) error
+	// which the gateway retries. A write (write set) holds the object
+	// against recovery until the handler calls done.
+	Ready func(ctx context.Context, obj object.ID, epoch uint64, write bool) (done func(), err error)
 	// Current, when not nil, says without waiting whether obj's copy is
 	// known current in epoch (FlagCurrent).
 	Current func(obj object.ID, epoch uint64) bool
@@ -153,28 +154,6 @@ func (a *admitted) drain(ctx context.Context, e uint64) error {
 	}
 }
 
-// mutating says whether op changes an object's copy.
-func mutating(op protocol.Op) bool {
-	switch op {
-	case protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard, protocol.OpRemove:
-		return true
-	}
-	return false
-}
-
-// recovers says whether req is recovery looking at this node's copies
-// for its epoch: a listing, or a stat or read of the copy as it is.
-func recovers(req *protocol.Request) bool {
-	return req.Op == protocol.OpListFor || onObject(req.Op) && req.Flags&protocol.FlagRecovery != 0
-}
-
-// epochChecked says whether op carries an epoch that must match: every
-// op on objects does; HELLO, admin and settle requests do not (a settle
-// only lets readers see what every replica acknowledged, in any epoch).
-func epochChecked(op protocol.Op) bool {
-	return op != protocol.OpHello && op != protocol.OpAdmin && op != protocol.OpSettle
-}
-
 // Serve answers one request.
 func (h *Handler) Serve(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
 	start := time.Now()
@@ -185,7 +164,19 @@ func (h *Handler) Serve(ctx context.Context, req *protocol.Request, resp *protoc
 }
 
 func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protocol.Response) {
-	if epochChecked(req.Op) && mutating(req.Op) {
+	// The op table's rules, as protocol.Server applies them on the wire:
+	// a request served in process goes through the same ones.
+	if err := protocol.Validate(req); err != nil {
+		var pe *protocol.Error
+		errors.As(err, &pe)
+		fail(resp, pe.Status, pe.Msg)
+		return
+	}
+	if req.Op.NamesVDI() && req.Object.VDI() == 0 {
+		fail(resp, protocol.StatusEINVAL, fmt.Sprintf("%s %s: VDI id 0", req.Op, req.Object))
+		return
+	}
+	if req.Op.EpochChecked() && req.Op.Writes() {
 		// Counted before the epoch check: a recovery of a newer epoch
 		// either waits for this request, or comes before it, and then
 		// this node knows the newer epoch and refuses it (drainOlder).
@@ -194,11 +185,11 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 	}
 	cur := h.Epochs.Epoch()
 	resp.Epoch = cur
-	if epochChecked(req.Op) && h.Live != nil && !h.Live(time.Now()) {
+	if req.Op.EpochChecked() && h.Live != nil && !h.Live(time.Now()) {
 		fail(resp, protocol.StatusShutdown, "this node's membership lease may have expired: it serves no object until it rejoins")
 		return
 	}
-	if epochChecked(req.Op) {
+	if req.Op.EpochChecked() {
 		if req.Epoch < cur {
 			fail(resp, protocol.StatusOldEpoch, fmt.Sprintf("request of epoch %d, node is at %d", req.Epoch, cur))
 			return
@@ -218,7 +209,7 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			resp.Epoch = h.Epochs.Epoch()
 		}
 	}
-	if epochChecked(req.Op) && recovers(req) {
+	if req.Op.EpochChecked() && req.Recovers() {
 		if err := h.drainOlder(ctx, req.Epoch); err != nil {
 			fail(resp, protocol.StatusNewEpoch, fmt.Sprintf("request of epoch %d: writes of an older epoch are still being applied here: %v", req.Epoch, err))
 			return
@@ -228,33 +219,22 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 		h.settle(req, resp)
 		return
 	}
-	if req.Op != protocol.OpAdmin && req.Op != protocol.OpHello && req.Op != protocol.OpList && req.Op != protocol.OpListFor {
-		if err := checkRange(req); err != nil {
-			fail(resp, protocol.StatusEINVAL, err.Error())
-			return
-		}
-	}
 	if req.Flags&protocol.FlagCurrent != 0 && h.Current != nil && !h.Current(req.Object, req.Epoch) {
 		fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is not recovered here yet", req.Object))
 		return
 	}
-	if onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Ready != nil {
-		if err := h.Ready(ctx, req.Object, req.Epoch); err != nil {
-			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is being recovered here: %v", req.Object, err))
-			return
-		}
+	release, ok := h.ready(ctx, req, resp)
+	if !ok {
+		return
 	}
-	if mutating(req.Op) && h.Resync != nil {
+	defer func() { release() }()
+	if req.Op.Writes() && h.Resync != nil {
 		if err := h.Resync(ctx); err != nil {
 			fail(resp, protocol.StatusShutdown, err.Error())
 			return
 		}
 	}
 	if req.Flags&protocol.FlagGated != 0 {
-		if !mutating(req.Op) {
-			fail(resp, protocol.StatusEINVAL, fmt.Sprintf("%s %s: only writes are gated", req.Op, req.Object))
-			return
-		}
 		// Reads that waited for an earlier gate go first, at most
 		// GateWait; then the gate, before the store sees the write
 		// (gate invariant 1).
@@ -271,11 +251,18 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 	} else {
 		h.apply(ctx, req, resp)
 	}
-	if resp.Status == protocol.StatusSuspect && onObject(req.Op) && req.Flags&protocol.FlagRecovery == 0 && h.Repair != nil {
+	if resp.Status == protocol.StatusSuspect && req.Op.OnObject() && req.Flags&protocol.FlagRecovery == 0 && h.Repair != nil {
 		// The copy was found torn (a crash left it so): recover it from
-		// its peers, then serve the request from the repaired copy.
+		// its peers, then serve the request from the repaired copy. The
+		// repair waits for the writes that hold the object: this one
+		// lets go first, and takes it again after.
+		release()
+		release = func() {}
 		if err := h.Repair(ctx, req.Object, req.Epoch); err != nil {
 			fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s: the copy here is suspect and its repair failed: %v", req.Object, err))
+			return
+		}
+		if release, ok = h.ready(ctx, req, resp); !ok {
 			return
 		}
 		resp.Payload = resp.Payload[:0]
@@ -285,6 +272,21 @@ func (h *Handler) serve(ctx context.Context, req *protocol.Request, resp *protoc
 			h.apply(ctx, req, resp)
 		}
 	}
+}
+
+// ready asks Ready for a request on an object that is not recovery's
+// own, and returns what ends the request's hold on the object; false
+// when it refused the request (resp says why).
+func (h *Handler) ready(ctx context.Context, req *protocol.Request, resp *protocol.Response) (release func(), ok bool) {
+	if !req.Op.OnObject() || req.Flags&protocol.FlagRecovery != 0 || h.Ready == nil {
+		return func() {}, true
+	}
+	done, err := h.Ready(ctx, req.Object, req.Epoch, req.Op.Writes())
+	if err != nil {
+		fail(resp, protocol.StatusSuspect, fmt.Sprintf("object %s is being recovered here: %v", req.Object, err))
+		return nil, false
+	}
+	return done, true
 }
 
 // drainOlder waits, at most CatchUp, until no write admitted in an epoch
@@ -303,17 +305,6 @@ func (h *Handler) drainOlder(ctx context.Context, e uint64) error {
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	return h.changing.drain(wctx, e)
-}
-
-// onObject says whether op reads or changes one object's copy, so that
-// the copy must be current before it is served.
-func onObject(op protocol.Op) bool {
-	switch op {
-	case protocol.OpRead, protocol.OpWrite, protocol.OpWriteZeroes, protocol.OpDiscard, protocol.OpRemove,
-		protocol.OpStat, protocol.OpChecksum, protocol.OpExtents:
-		return true
-	}
-	return false
 }
 
 // apply serves a request that passed the epoch and readiness checks.
@@ -425,23 +416,6 @@ func (h *Handler) apply(ctx context.Context, req *protocol.Request, resp *protoc
 
 func infoOf(in store.Info) protocol.ObjectInfo {
 	return protocol.ObjectInfo{ID: in.ID, Version: in.Version, Allocated: in.Allocated, Suspect: in.Suspect, Tombstone: in.Tombstone}
-}
-
-// checkRange refuses a range outside any object before the store sees it.
-func checkRange(req *protocol.Request) error {
-	switch req.Op {
-	case protocol.OpWrite:
-		if uint64(len(req.Payload)) != uint64(req.Length) {
-			return fmt.Errorf("object %s: payload of %d bytes, header says %d", req.Object, len(req.Payload), req.Length)
-		}
-	}
-	if req.Offset > store.MaxObjectSize || uint64(req.Length) > store.MaxObjectSize-req.Offset {
-		return fmt.Errorf("object %s: range %d+%d outside an object of %d bytes", req.Object, req.Offset, req.Length, int64(store.MaxObjectSize))
-	}
-	if req.Object.VDI() == 0 {
-		return fmt.Errorf("object %s: VDI id 0", req.Object)
-	}
-	return nil
 }
 
 // statusOf maps a store error onto the protocol's status.

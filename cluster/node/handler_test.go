@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -47,7 +49,7 @@ func TestRecoveryWaitsForOlderWrites(t *testing.T) {
 			ep := &movingEpoch{e: 1}
 			entered, release := make(chan struct{}), make(chan struct{})
 			h := &Handler{Store: st, Epochs: ep, CatchUp: 500 * time.Millisecond,
-				Ready: func(ctx context.Context, o object.ID, e uint64) error {
+				Ready: func(ctx context.Context, o object.ID, e uint64, write bool) (func(), error) {
 					if e == 1 {
 						// The write was admitted; the node is slow to apply it.
 						close(entered)
@@ -56,7 +58,7 @@ func TestRecoveryWaitsForOlderWrites(t *testing.T) {
 						case <-ctx.Done():
 						}
 					}
-					return nil
+					return func() {}, nil
 				}}
 			wctx, cancel := context.WithCancel(ctx)
 			defer cancel()
@@ -109,6 +111,59 @@ func TestRecoveryWaitsForOlderWrites(t *testing.T) {
 			h.Serve(ctx, &protocol.Request{Op: protocol.OpWrite, Epoch: 2, Token: 1, Object: obj, Offset: 8192, Length: 4096, Payload: make([]byte, 4096)}, &plain)
 			if plain.Status != protocol.StatusOK {
 				t.Fatalf("a write of epoch 2: %v", plain.Status)
+			}
+		})
+	}
+}
+
+// TestSameRefusalLocalAndRemote: a malformed request gets the same
+// refusal, status and message, whether the node's own gateway serves it
+// in process (localCaller) or it comes over TCP (protocol.Server): both
+// paths apply the one op table.
+func TestSameRefusalLocalAndRemote(t *testing.T) {
+	st, err := store.Open(t.TempDir(), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	h := &Handler{Store: st, Epochs: fixedEpoch(1)}
+	srv := protocol.NewServer(h, protocol.ServerOptions{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	pool := protocol.NewPool(nil)
+	t.Cleanup(func() { pool.Close() })
+	local := &localCaller{self: "self", h: h, pool: pool}
+	obj := object.Make(3, 1)
+	for _, tc := range []struct {
+		name string
+		req  protocol.Request
+		want protocol.Status
+	}{
+		{"unknown op", protocol.Request{Op: 99, Epoch: 1, Object: obj}, protocol.StatusUnsupported},
+		{"a gated stat", protocol.Request{Op: protocol.OpStat, Flags: protocol.FlagGated, Epoch: 1, Object: obj}, protocol.StatusEINVAL},
+		{"a read past the largest object", protocol.Request{Op: protocol.OpRead, Epoch: 1, Object: obj, Offset: protocol.MaxObjectSpan, Length: 4096}, protocol.StatusEINVAL},
+		{"a read too big for a reply", protocol.Request{Op: protocol.OpRead, Epoch: 1, Object: obj, Length: protocol.MaxPayload + 1}, protocol.StatusTooBig},
+		{"a read of VDI 0", protocol.Request{Op: protocol.OpRead, Epoch: 1, Object: object.Make(0, 1), Length: 4096}, protocol.StatusEINVAL},
+		{"a flush with an offset", protocol.Request{Op: protocol.OpFlush, Epoch: 1, Object: obj, Offset: 5}, protocol.StatusEINVAL},
+		{"a settle of 3 bytes", protocol.Request{Op: protocol.OpSettle, Object: obj, Payload: []byte{1, 2, 3}, Length: 3}, protocol.StatusEINVAL},
+		{"a list too long", protocol.Request{Op: protocol.OpList, Epoch: 1, Length: protocol.MaxListEntries + 1}, protocol.StatusEINVAL},
+		{"a stat with a payload", protocol.Request{Op: protocol.OpStat, Epoch: 1, Object: obj, Payload: []byte{1}, Length: 1}, protocol.StatusEINVAL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var lresp, rresp protocol.Response
+			lreq, rreq := tc.req, tc.req
+			lerr := local.Call(ctx, "self", &lreq, &lresp)
+			rerr := pool.Call(ctx, lis.Addr().String(), &rreq, &rresp)
+			var le, re *protocol.Error
+			if !errors.As(lerr, &le) || !errors.As(rerr, &re) {
+				t.Fatalf("local: %v; remote: %v; want both refused", lerr, rerr)
+			}
+			if le.Status != tc.want || re.Status != tc.want || le.Msg != re.Msg {
+				t.Errorf("local: %s %q; remote: %s %q; want %s from both, the same message", le.Status, le.Msg, re.Status, re.Msg, tc.want)
 			}
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // startTestNodes starts n nodes in process, the first embedding etcd
 // and the others using it, and waits until every node's view holds
 // all n. Each node is its own failure domain.
-func startTestNodes(t *testing.T, n int) []*Node {
+func startTestNodes(t *testing.T, n int, opts ...func(i int, cfg *Config)) []*Node {
 	t.Helper()
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -29,6 +30,9 @@ func startTestNodes(t *testing.T, n int) []*Node {
 			cfg.EtcdListen, cfg.EtcdPeer = "http://127.0.0.1:0", "http://127.0.0.1:0"
 		} else {
 			cfg.Etcd = nodes[0].EtcdEndpoints()
+		}
+		for _, o := range opts {
+			o(i, &cfg)
 		}
 		nd, err := Start(ctx, cfg)
 		if err != nil {
@@ -51,6 +55,45 @@ func startTestNodes(t *testing.T, n int) []*Node {
 	}
 	awaitView(t, nodes, n)
 	return nodes
+}
+
+// formatDisk formats the cluster of nodes with copies 3, creates the
+// VDI "disk" of size bytes (4 MiB objects) and waits until every node
+// sees all of nodes in one epoch, which it returns with the VDI.
+func formatDisk(ctx context.Context, t *testing.T, nodes []*Node, size int64) (membership.VDI, uint64) {
+	t.Helper()
+	mc := nodes[0].mc
+	if err := mc.Format(ctx, membership.Format{Copies: 3}, false); err != nil {
+		t.Fatal(err)
+	}
+	vd, err := mc.CreateVDI(ctx, membership.VDI{Name: "disk", Size: size, ObjectShift: 22})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vd, awaitView(t, nodes, len(nodes))
+}
+
+// placedNodes returns the nodes placed for obj in the first node's view,
+// in placement order, and the last node of nodes that is not.
+func placedNodes(t *testing.T, nodes []*Node, obj object.ID, vd membership.VDI) (reps []*Node, other *Node) {
+	t.Helper()
+	ids, err := placeIn(nodes[0].views.View(), obj, vd, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		for _, nd := range nodes {
+			if nd.ID() == id {
+				reps = append(reps, nd)
+			}
+		}
+	}
+	for _, nd := range nodes {
+		if !slices.Contains(reps, nd) {
+			other = nd
+		}
+	}
+	return reps, other
 }
 
 // awaitView waits until every node of nodes has one epoch whose view
@@ -97,31 +140,13 @@ func testRecoveryHides(t *testing.T, hide bool) {
 	defer cancel()
 	nodes := startTestNodes(t, 4)
 	mc := nodes[0].mc
-	if err := mc.Format(ctx, membership.Format{Copies: 3}, false); err != nil {
-		t.Fatal(err)
-	}
-	vd, err := mc.CreateVDI(ctx, membership.VDI{Name: "disk", Size: 4 << 20, ObjectShift: 22})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e1 := awaitView(t, nodes, 4)
+	vd, e1 := formatDisk(ctx, t, nodes, 4<<20)
 	obj := object.Make(vd.ID, 0)
-	byID := map[string]*Node{}
 	for _, nd := range nodes {
-		byID[nd.ID()] = nd
 		nd.rec.noHide.Store(!hide)
 	}
-	reps, err := placeIn(nodes[0].views.View(), obj, vd, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, q, s := byID[reps[0]], byID[reps[1]], byID[reps[2]]
-	var tn *Node
-	for _, nd := range nodes {
-		if nd != p && nd != q && nd != s {
-			tn = nd
-		}
-	}
+	reps, tn := placedNodes(t, nodes, obj, vd)
+	p, q, s := reps[0], reps[1], reps[2]
 
 	// The old data, acknowledged by every replica.
 	oldData := bytes.Repeat([]byte{1}, 4096)

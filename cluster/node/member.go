@@ -17,20 +17,21 @@ import (
 //
 // While the lease does not hold, the handler refuses every request on
 // objects (StatusShutdown, which other gateways retry) and this node's
-// gateway requests wait (gateway.Config.AwaitLive). Rejoining is, in
+// gateway requests wait (owner.Config.AwaitValid). Rejoining is, in
 // order: a new registration (a dead one of this node, at this address,
 // is evicted: this process holds the data directory, so it is ours);
 // every store token raised to its lock's (fenceFromLocks); the new
 // registration made the node's (the handler serves again, and requests
 // under way go on); then the locks of the VDIs open writable here taken
 // again, each kept only if no other owner took the VDI meanwhile
-// (vdis.relock), while new requests on them are held. The recovery of
+// (vdis.relock), while new requests on them are held (their machines
+// are Suspended, then Relocking: cluster/owner). The recovery of
 // the epoch the rejoin makes brings the node's copies up to date; copies
 // it changed while cut off rank below the others' (cluster/recovery).
 
 // register joins the membership under a new lease.
 func (n *Node) register(ctx context.Context) (*membership.Registration, error) {
-	info := membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: n.cfg.Zone, Weight: n.cfg.Weight}
+	info := membership.NodeInfo{ID: n.id, Addr: n.addr, Zone: n.cfg.Zone, Weight: n.cfg.Weight, Full: n.full.Load()}
 	reg, err := n.mc.Join(ctx, info, n.cfg.LeaseTTL)
 	if errors.Is(err, membership.ErrDuplicateNode) {
 		// This process holds the data directory's lock, so a registration
@@ -61,7 +62,7 @@ func (n *Node) live(now time.Time) bool {
 	return reg != nil && reg.Valid(now)
 }
 
-// awaitLive waits until the node's lease holds (gateway.Config.AwaitLive),
+// awaitLive waits until the node's lease holds (owner.Config.AwaitValid),
 // ctx ends or the node closes.
 func (n *Node) awaitLive(ctx context.Context) error {
 	for {
@@ -142,6 +143,9 @@ func (n *Node) rejoin(ctx context.Context) bool {
 
 // joinAgain is one try of rejoin.
 func (n *Node) joinAgain(ctx context.Context) error {
+	if err := n.reachAll(ctx); err != nil {
+		return err
+	}
 	reg, err := n.register(ctx)
 	if err != nil {
 		return err

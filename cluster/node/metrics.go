@@ -22,6 +22,7 @@ type Metrics struct {
 	bytesOut   prometheus.Counter
 	Locks      prometheus.Gauge
 	Rejoins    prometheus.Counter
+	CutOffs    prometheus.Counter
 	gateWaits  prometheus.Counter
 
 	reg prometheus.Registerer
@@ -52,6 +53,10 @@ func (m *Metrics) watchNode(n *Node) {
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_epoch", Help: "The membership epoch the node is at."},
 			func() float64 { return float64(n.views.Epoch()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_full", Help: "1 while the node's disk is at its reserve and the node is out of placement."},
+			func() float64 { return b2f(n.full.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_unreachable_peers", Help: "Peers of the epoch this node has reported unreachable."},
+			func() float64 { return float64(n.unreachable.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_objects", Help: "Objects held."},
 			func() float64 { return float64(usage().Objects) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ovis_node_allocated_bytes", Help: "Bytes the objects held take on disk."},
@@ -63,7 +68,7 @@ func (m *Metrics) watchNode(n *Node) {
 			func() float64 {
 				n.rec.mu.Lock()
 				defer n.rec.mu.Unlock()
-				return float64(len(n.rec.unfound))
+				return float64(n.rec.objs.UnavailableCount())
 			}),
 	)
 }
@@ -92,12 +97,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Locks:   prometheus.NewGauge(prometheus.GaugeOpts{Name: "ovis_node_vdi_locks", Help: "VDI locks this node's gateway holds."}),
 		Rejoins: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_lease_losses_total", Help: "Times the node lost its membership lease and rejoined (or is rejoining)."}),
+		CutOffs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_cut_off_total", Help: "Times the node left the epoch for being cut off from its peers while it reached etcd."}),
 		gateWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "ovis_node_gate_waits_total",
 			Help: "Reads, extents and checksums that waited for a gated write over their range to be settled (docs/protocol.md, the read model)."}),
 		reg: reg,
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks, m.Rejoins, m.gateWaits)
+		reg.MustRegister(m.requests, m.latency, m.syncWrites, m.flushes, m.bytesIn, m.bytesOut, m.Locks, m.Rejoins, m.CutOffs, m.gateWaits)
 	}
 	return m
 }
@@ -122,4 +128,12 @@ func (m *Metrics) observe(req *protocol.Request, resp *protocol.Response, d time
 	case protocol.OpRead:
 		m.bytesOut.Add(float64(len(resp.Payload)))
 	}
+}
+
+// b2f is 1 for true.
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

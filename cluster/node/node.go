@@ -47,6 +47,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -56,6 +57,8 @@ import (
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
+	"github.com/ovis-storage/ovis/cluster/view"
 	"github.com/ovis-storage/ovis/nbd"
 )
 
@@ -108,6 +111,20 @@ type Config struct {
 	// would allocate into it get ENOSPC, and recovery pulls nothing that
 	// would.
 	Reserve int64
+	// Dialer, when set, dials the other nodes (tests put
+	// cluster/protocol/faultnet there to cut nodes off each other). The
+	// default is TCP, with TLS when configured.
+	Dialer protocol.Dialer
+	// ProbeInterval is how often the node probes the other nodes of its
+	// epoch, and how long it waits for each (reach.go). The default is
+	// 1 s.
+	ProbeInterval time.Duration
+	// SpaceInterval is how often the node reads its disk's free space,
+	// to leave placement when full (space.go). The default is 1 s.
+	SpaceInterval time.Duration
+	// StoreFS is the file system under the store (nil: the OS's); tests
+	// put cluster/store/vfs/errorfs there to fail its syncs and writes.
+	StoreFS vfs.FS
 	// LeaseTTL is the registration's lease; default 5 s (etcd's minimum
 	// is about 2 s).
 	LeaseTTL time.Duration
@@ -153,12 +170,21 @@ type Node struct {
 	// and is taken after mu, never across I/O. keep runs the rejoins;
 	// quit is closed when the node is closing, so that nothing waits for
 	// a rejoin then.
-	regMu      sync.Mutex
-	reg        *membership.Registration
-	back       chan struct{}
-	keepCancel context.CancelFunc
-	keepDone   chan struct{}
-	quit       chan struct{}
+	// full: the store is at its reserve (space.go); the registration
+	// says so.
+	full  atomic.Bool
+	stuck atomic.Bool // full, but mayLeave said no (logged once)
+	// reachLeft: the node dropped its registration for being cut off
+	// from its peers (reach.go), and rejoins once it reaches them all.
+	reachLeft atomic.Bool
+	// unreachable is how many peers this node reports unreachable now.
+	unreachable atomic.Int64
+	regMu       sync.Mutex
+	reg         *membership.Registration
+	back        chan struct{}
+	keepCancel  context.CancelFunc
+	keepDone    chan struct{}
+	quit        chan struct{}
 
 	mu      sync.Mutex
 	stopped bool
@@ -187,7 +213,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	close(n.back)
 	defer func() {
 		if err != nil {
-			n.teardown(context.Background())
+			n.teardown(context.Background(), false)
 		}
 	}()
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -201,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.log = n.log.With("node", n.id)
 	n.m = NewMetrics(cfg.Registry)
-	if n.st, err = store.Open(filepath.Join(cfg.Dir, "objects"), store.Options{Logger: n.log, Reserve: cfg.Reserve}); err != nil {
+	if n.st, err = store.Open(filepath.Join(cfg.Dir, "objects"), store.Options{Logger: n.log, Reserve: cfg.Reserve, FS: cfg.StoreFS}); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	endpoints := cfg.Etcd
@@ -260,6 +286,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if n.addr = cfg.Advertise; n.addr == "" {
 		n.addr = n.plis.Addr().String()
 	}
+	n.checkSpace(ctx) // joins full when it is
 	if n.reg, err = n.register(ctx); err != nil {
 		return nil, err
 	}
@@ -272,8 +299,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.m.watchNode(n)
-	var dial protocol.Dialer
-	if clientTLS != nil {
+	dial := cfg.Dialer
+	if dial == nil && clientTLS != nil {
 		dial = protocol.TLSDialer(clientTLS)
 	}
 	n.pool = protocol.NewPool(dial)
@@ -310,6 +337,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 		n.goServe("NBD", func() error { return n.nsrv.Serve(context.Background(), n.nlis) })
 	}
+	n.spawn(func() { n.watchSpace(wctx) })
+	n.spawn(func() { n.watchReach(wctx) })
 	kctx, kcancel := context.WithCancel(context.Background())
 	n.keepCancel, n.keepDone = kcancel, make(chan struct{})
 	go func() {
@@ -444,6 +473,16 @@ func (n *Node) EtcdEndpoints() []string {
 	return append([]string(nil), n.cfg.Etcd...)
 }
 
+// Open returns the VDI called name as this node's gateway serves it to
+// an NBD client: writable when this node holds (or takes) its lock,
+// read-only while another node holds it.
+func (n *Node) Open(ctx context.Context, name string) (*nbd.Export, error) {
+	return n.vdis.Lookup(ctx, name)
+}
+
+// View returns the newest epoch the node follows.
+func (n *Node) View() *view.View { return n.views.View() }
+
 // Membership is the node's etcd client.
 func (n *Node) Membership() *membership.Client { return n.mc }
 
@@ -482,10 +521,20 @@ func (n *Node) stop(why error) {
 // VDIs' locks are released, the node leaves the membership (the others
 // move to a new epoch), and the store is closed clean.
 func (n *Node) Close(ctx context.Context) error {
-	return n.teardown(ctx)
+	return n.teardown(ctx, false)
 }
 
-func (n *Node) teardown(ctx context.Context) error {
+// Kill stops the node as SIGKILL would, for in-process tests: it stops
+// serving at once (NBD connections drop unflushed), keeps its
+// registration and its VDIs' locks until their lease runs out, and
+// leaves its store as a crash does (store.Store.Crash), so that a node
+// started again on its directory recovers as after a crash. A node
+// that embeds etcd takes it down with it.
+func (n *Node) Kill() error {
+	return n.teardown(context.Background(), true)
+}
+
+func (n *Node) teardown(ctx context.Context, crash bool) error {
 	var errs []error
 	close(n.quit)
 	if n.keepCancel != nil {
@@ -499,15 +548,18 @@ func (n *Node) teardown(ctx context.Context) error {
 		// rather than hold the NBD server's shutdown up.
 		n.vdis.abandon(errors.New("node: closing before the VDI's lock was taken again"))
 	}
-	if n.nsrv != nil {
+	switch {
+	case crash:
+		n.stop(errors.New("node: killed"))
+	case n.nsrv != nil:
 		if err := n.nsrv.Shutdown(ctx); err != nil && !errors.Is(err, nbd.ErrServerClosed) {
 			errs = append(errs, err)
 		}
 	}
 	if n.vdis != nil {
-		errs = append(errs, n.vdis.closeAll(ctx))
+		errs = append(errs, n.vdis.closeAll(ctx, crash))
 	}
-	if reg := n.registration(); reg != nil {
+	if reg := n.registration(); reg != nil && !crash {
 		if err := reg.Leave(ctx); err != nil && reg.Err() == nil {
 			errs = append(errs, fmt.Errorf("node: leaving: %w", err))
 		}
@@ -532,7 +584,9 @@ func (n *Node) teardown(ctx context.Context) error {
 	if n.embed != nil {
 		errs = append(errs, n.embed.Close())
 	}
-	if n.st != nil {
+	if n.st != nil && crash {
+		n.st.Crash()
+	} else if n.st != nil {
 		errs = append(errs, n.st.Close())
 	}
 	if n.dirLock != nil {

@@ -68,18 +68,7 @@ func (g *pauseGuard) raiseLast(now int64) {
 }
 
 // run ticks every gap/4 until ctx ends.
-func (g *pauseGuard) run(ctx context.Context) {
-	t := time.NewTicker(g.gap / 4)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.tick()
-		}
-	}
-}
+func (g *pauseGuard) run(ctx context.Context) { ticking(ctx, g.gap/4, g.tick) }
 
 // check returns at once unless a pause may have happened that no resync
 // has covered; it then resyncs first. It is Handler.Resync.

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/recovery"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // ranker ranks the copies of the objects decided in one epoch
@@ -104,7 +104,7 @@ func (k *ranker) judge(ctx context.Context, obj object.ID, copies []recovery.Cop
 				if verr != nil {
 					return recovery.Placement{}, fmt.Errorf("object %s: epoch %d: %w", obj, e, verr)
 				}
-				return recovery.Placement{Nodes: viewIDs(v)}, nil
+				return recovery.Placement{Nodes: v.IDs()}, nil
 			}
 			return recovery.Placement{Nodes: reps, Exact: true}, err
 		})
@@ -120,21 +120,13 @@ func (k *ranker) judge(ctx context.Context, obj object.ID, copies []recovery.Cop
 func (k *ranker) rank(ctx context.Context, obj object.ID, vd membership.VDI, copies []recovery.Copy, nodes []string, placed map[uint64][]string) ([]recovery.Copy, error) {
 	var err error
 	rankOf := func(id string, version uint64) (uint64, error) {
-		verEpoch := store.VersionEpoch(version)
-		best := verEpoch
-		for _, s := range []uint64{max(k.rec[id], vd.Epoch), verEpoch} {
-			e, err := k.r.placedRun(ctx, obj, vd, id, s, k.upTo, placed)
-			if err != nil {
-				return 0, err
-			}
-			best = max(best, e)
-		}
-		return best, nil
+		return recovery.Rank(version, k.rec[id], vd.Epoch, k.upTo, k.r.placedFn(ctx, obj, vd, id, placed))
 	}
 	for i := range copies {
 		if copies[i].Rank, err = rankOf(copies[i].Node, copies[i].Version); err != nil {
 			return nil, err
 		}
+		copies[i].Live = copies[i].Rank == k.upTo && store.VersionEpoch(copies[i].Version) == k.upTo
 	}
 	for _, id := range nodes {
 		if slices.ContainsFunc(copies, func(c recovery.Copy) bool { return c.Node == id }) {
@@ -149,16 +141,6 @@ func (k *ranker) rank(ctx context.Context, obj object.ID, vd membership.VDI, cop
 		}
 	}
 	return copies, nil
-}
-
-// viewIDs returns the IDs of v's nodes.
-func viewIDs(v *gateway.View) []string {
-	ids := make([]string, 0, len(v.Addr))
-	for id := range v.Addr {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
 }
 
 // placement returns obj's replicas in epoch e, with the VDI's copies of
@@ -193,7 +175,7 @@ func (r *recoverer) placement(ctx context.Context, obj object.ID, vd membership.
 // not with the newest), appending to buf. Where the record no longer says
 // (an epoch before its history of copies), CopiesAt's answer, the oldest
 // it knows, is used; placement refuses such epochs before calling.
-func placeIn(v *gateway.View, obj object.ID, vd membership.VDI, buf []string) ([]string, error) {
+func placeIn(v *view.View, obj object.ID, vd membership.VDI, buf []string) ([]string, error) {
 	copies, _ := vd.CopiesAt(v.Epoch)
 	reps, err := v.Map.Place(obj, min(copies, v.Map.Zones()), buf)
 	if err != nil {
@@ -203,30 +185,25 @@ func placeIn(v *gateway.View, obj object.ID, vd membership.VDI, buf []string) ([
 }
 
 // placedRun returns the last epoch of the unbroken run of epochs from s
-// up to upTo in which node id is placed for obj, and 0 when it is not
-// placed in s (or s is 0). An epoch etcd no longer keeps, or whose
-// copies the VDI's record no longer says, ends the run.
-// placed caches obj's placement by epoch across calls.
+// up to upTo in which node id is placed for obj (recovery.PlacedRun).
+// An epoch etcd no longer keeps, or whose copies the VDI's record no
+// longer says, ends the run. placed caches obj's placement by epoch
+// across calls.
 func (r *recoverer) placedRun(ctx context.Context, obj object.ID, vd membership.VDI, id string, s, upTo uint64, placed map[uint64][]string) (uint64, error) {
-	if s == 0 || s > upTo {
-		return 0, nil
-	}
-	e := s - 1
-	for e < upTo {
-		reps, err := r.placement(ctx, obj, vd, e+1, placed)
+	return recovery.PlacedRun(s, upTo, r.placedFn(ctx, obj, vd, id, placed))
+}
+
+// placedFn says, for recovery.Rank and PlacedRun, whether node id is
+// placed for obj in an epoch.
+func (r *recoverer) placedFn(ctx context.Context, obj object.ID, vd membership.VDI, id string, placed map[uint64][]string) func(e uint64) (bool, bool, error) {
+	return func(e uint64) (bool, bool, error) {
+		reps, err := r.placement(ctx, obj, vd, e, placed)
 		if errors.Is(err, membership.ErrNoEpoch) {
-			break
+			return false, false, nil
 		}
 		if err != nil {
-			return 0, fmt.Errorf("object %s: epoch %d: %w", obj, e+1, err)
+			return false, false, fmt.Errorf("object %s: epoch %d: %w", obj, e, err)
 		}
-		if !slices.Contains(reps, id) {
-			break
-		}
-		e++
+		return slices.Contains(reps, id), true, nil
 	}
-	if e < s {
-		return 0, nil
-	}
-	return e, nil
 }

@@ -10,12 +10,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/recovery"
 	"github.com/ovis-storage/ovis/cluster/store"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // recoverer brings this node's copies up to date after every epoch
@@ -72,16 +72,18 @@ type recoverer struct {
 	// (guarded by mu).
 	disagreed map[object.ID]time.Time
 
-	mu      sync.Mutex
-	epoch   uint64 // the epoch of the run under way (or last run)
-	listed  bool   // the run's listing is complete: pending is exact
-	pending map[object.ID]recovery.Step
-	// unfound maps the objects the run found unavailable to the nodes
-	// that may hold their newest copy (recovery.Unfound).
-	unfound map[object.ID][]string
-	early   map[object.ID]bool // recovered on demand before the listing ended
-	busy    map[object.ID]chan struct{}
-	stats   RecoveryStats
+	mu sync.Mutex
+	// objs is each object's recovery state in the epoch of the run under
+	// way (or of the last run): pending, unavailable, current, and the
+	// objects recovered on demand.
+	objs recovery.Table[object.ID]
+	busy map[object.ID]chan struct{}
+	// using counts, per object, the writes that hold it (ready), and
+	// unused has a channel closed when an object's count drops to 0
+	// while a recovery waits for it (awaitUnused).
+	using  map[object.ID]int
+	unused map[object.ID]chan struct{}
+	stats  RecoveryStats
 
 	// The throttle: maxRate bytes per second (0: none), paused stops the
 	// background pulls; resumed is closed and replaced on every change.
@@ -100,29 +102,9 @@ type recoverer struct {
 // maxUnfoundShown bounds RecoveryStats.UnfoundObjects.
 const maxUnfoundShown = 32
 
-// RecoveryStats is what node list shows of a node's recovery.
-type RecoveryStats struct {
-	Epoch   uint64 `json:"epoch"`   // the epoch being (or last) recovered
-	Done    uint64 `json:"done"`    // the last epoch completely recovered
-	Listed  bool   `json:"listed"`  // the listing of Epoch is complete
-	Pending int    `json:"pending"` // objects still to recover
-	// Unfound counts the objects placed here whose newest copy may be on
-	// nodes that are away (UnfoundOn): nobody serves them until one
-	// returns. UnfoundObjects names some of them.
-	Unfound        int      `json:"unfound"`
-	UnfoundOn      []string `json:"unfound_on,omitempty"`
-	UnfoundObjects []string `json:"unfound_objects,omitempty"`
-	Recovered      int64    `json:"recovered"` // objects recovered in this run
-	Bytes          int64    `json:"bytes"`     // bytes pulled in this run
-	Dropped        int64    `json:"dropped"`   // copies dropped in this run
-	Clean          uint64   `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
-	Paused         bool     `json:"paused"`    // background pulls paused
-	MaxRate        int64    `json:"max_rate"`  // bytes per second, 0 for no bound
-}
-
 func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
-	r := &recoverer{n: n, a: a, pending: map[object.ID]recovery.Step{}, unfound: map[object.ID][]string{}, early: map[object.ID]bool{},
-		busy: map[object.ID]chan struct{}{}, resumed: make(chan struct{}), kicked: make(chan struct{})}
+	r := &recoverer{n: n, a: a,
+		busy: map[object.ID]chan struct{}{}, using: map[object.ID]int{}, unused: map[object.ID]chan struct{}{}, resumed: make(chan struct{}), kicked: make(chan struct{})}
 	r.done.Store(done)
 	return r
 }
@@ -132,17 +114,15 @@ func (r *recoverer) Stats() RecoveryStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.Epoch, s.Done, s.Listed, s.Pending = r.epoch, r.done.Load(), r.listed, len(r.pending)
+	s.Epoch, s.Done, s.Listed, s.Pending = r.objs.Epoch(), r.done.Load(), r.objs.Listed(), r.objs.PendingCount()
 	s.Paused, s.MaxRate, s.Clean = r.paused, r.maxRate, r.clean
-	s.Unfound = len(r.unfound)
-	objs := make([]object.ID, 0, len(r.unfound))
-	for obj, away := range r.unfound {
-		objs = append(objs, obj)
-		s.UnfoundOn = append(s.UnfoundOn, away...)
+	objs, away := r.objs.Unavailable()
+	s.Unfound = len(objs)
+	for _, obj := range objs {
+		s.UnfoundOn = append(s.UnfoundOn, away[obj]...)
 	}
 	slices.Sort(s.UnfoundOn)
 	s.UnfoundOn = slices.Compact(s.UnfoundOn)
-	slices.Sort(objs)
 	for _, obj := range objs[:min(len(objs), maxUnfoundShown)] {
 		s.UnfoundObjects = append(s.UnfoundObjects, obj.String())
 	}
@@ -267,15 +247,12 @@ func (r *recoverer) loop(ctx context.Context) {
 }
 
 // run recovers epoch v.Epoch.
-func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
+func (r *recoverer) run(ctx context.Context, v *view.View) error {
 	r.mu.Lock()
-	if r.epoch != v.Epoch {
-		r.epoch, r.listed = v.Epoch, false
-		r.pending = map[object.ID]recovery.Step{}
-		r.unfound = map[object.ID][]string{}
-		r.early = map[object.ID]bool{}
+	if r.objs.Epoch() != v.Epoch {
 		r.stats = RecoveryStats{}
 	}
+	r.objs.Begin(v.Epoch)
 	r.mu.Unlock()
 	start := time.Now()
 	r.a.forgetVDIs()
@@ -295,7 +272,7 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 	if err != nil {
 		return err
 	}
-	nodes := viewIDs(v)
+	nodes := v.IDs()
 	pending := map[object.ID]recovery.Step{}
 	unfound := map[object.ID][]string{}
 	for obj, copies := range held {
@@ -309,21 +286,19 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 		}
 		if st := recovery.Decide(r.n.id, copies); st.Action != recovery.Keep {
 			pending[obj] = st
+			if st.Hide {
+				r.n.log.Info("recovery: listed a pull to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
+			}
 		}
 	}
 	if err := r.unheld(ctx, v, rk, held, unfound); err != nil {
 		return fmt.Errorf("recovery: epoch %d: %w", v.Epoch, err)
 	}
 	r.mu.Lock()
-	if r.epoch != v.Epoch {
+	if !r.objs.List(v.Epoch, pending, unfound) {
 		r.mu.Unlock()
 		return nil
 	}
-	for obj := range r.early {
-		delete(pending, obj)
-		delete(unfound, obj)
-	}
-	r.pending, r.unfound, r.listed = pending, unfound, true
 	r.mu.Unlock()
 	r.n.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", time.Since(start).Round(time.Millisecond))
 
@@ -350,12 +325,12 @@ func (r *recoverer) run(ctx context.Context, v *gateway.View) error {
 func (r *recoverer) unfoundObjects() []UnfoundObject {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]UnfoundObject, 0, len(r.unfound))
-	for obj, away := range r.unfound {
-		out = append(out, UnfoundObject{Object: obj.String(), On: away})
+	objs, away := r.objs.Unavailable()
+	out := make([]UnfoundObject, 0, len(objs))
+	for _, obj := range objs {
+		out = append(out, UnfoundObject{Object: obj.String(), On: away[obj]})
 	}
-	slices.SortFunc(out, func(a, b UnfoundObject) int { return strings.Compare(a.Object, b.Object) })
-	return out
+	return out // Unavailable sorts by ID, which String keeps (fixed-width hex)
 }
 
 // errRunUnfound ends a run that found objects unavailable: it is not
@@ -397,7 +372,7 @@ func (e *unfoundError) Error() string {
 // is evidence only if recovery.Unfound says so. An object this node was
 // placed for in every epoch since it was last known current needs no
 // look: it received every write.
-func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, held map[object.ID][]recovery.Copy, unfound map[object.ID][]string) error {
+func (r *recoverer) unheld(ctx context.Context, v *view.View, rk *ranker, held map[object.ID][]recovery.Copy, unfound map[object.ID][]string) error {
 	vdis, err := r.n.mc.ListVDIs(ctx)
 	if err != nil {
 		return fmt.Errorf("listing the VDIs: %w", err)
@@ -405,7 +380,7 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 	if walk, err := r.someoneAway(ctx, v, vdis); err != nil || !walk {
 		return err
 	}
-	nodes := viewIDs(v)
+	nodes := v.IDs()
 	for _, vd := range vdis {
 		if vd.Epoch > v.Epoch {
 			continue // created after v: nothing of it was written before
@@ -475,7 +450,7 @@ func (r *recoverer) unheld(ctx context.Context, v *gateway.View, rk *ranker, hel
 // replicas any VDI had then. When not, every object has an answering
 // replica in every epoch, nothing can be unfound, and unheld need not
 // walk the objects: the common case, a node or two down at a time.
-func (r *recoverer) someoneAway(ctx context.Context, v *gateway.View, vdis []membership.VDI) (bool, error) {
+func (r *recoverer) someoneAway(ctx context.Context, v *view.View, vdis []membership.VDI) (bool, error) {
 	from := v.Epoch + 1
 	for _, vd := range vdis {
 		from = min(from, vd.Epoch)
@@ -517,7 +492,7 @@ func (r *recoverer) someoneAway(ctx context.Context, v *gateway.View, vdis []mem
 
 // gather lists, from every node of v and from the local store, the
 // copies of the objects placed on this node in v.
-func (r *recoverer) gather(ctx context.Context, v *gateway.View) (map[object.ID][]recovery.Copy, error) {
+func (r *recoverer) gather(ctx context.Context, v *view.View) (map[object.ID][]recovery.Copy, error) {
 	held := map[object.ID][]recovery.Copy{}
 	own, err := r.n.st.List(0)
 	if err != nil {
@@ -567,7 +542,7 @@ func (r *recoverer) gather(ctx context.Context, v *gateway.View) (map[object.ID]
 // listFor pages through OpListFor on node id, retrying a node that does
 // not answer until ctx ends (a dead node leaves the epoch, which ends
 // the run).
-func (r *recoverer) listFor(ctx context.Context, v *gateway.View, id string) ([]protocol.ObjectInfo, error) {
+func (r *recoverer) listFor(ctx context.Context, v *view.View, id string) ([]protocol.ObjectInfo, error) {
 	var all []protocol.ObjectInfo
 	for cursor, backoff := uint64(0), 10*time.Millisecond; ; {
 		var resp protocol.Response
@@ -600,7 +575,7 @@ func (r *recoverer) listFor(ctx context.Context, v *gateway.View, id string) ([]
 
 // serveListFor lists the objects held here of which node target is a
 // replica in view v, from ID cursor on.
-func (r *recoverer) serveListFor(ctx context.Context, v *gateway.View, target string, cursor uint64) ([]protocol.ObjectInfo, error) {
+func (r *recoverer) serveListFor(ctx context.Context, v *view.View, target string, cursor uint64) ([]protocol.ObjectInfo, error) {
 	infos, err := r.n.st.List(0)
 	if err != nil {
 		return nil, err
@@ -626,7 +601,7 @@ func (r *recoverer) serveListFor(ctx context.Context, v *gateway.View, target st
 
 // placedOn reports whether node id is one of obj's replicas in v. An
 // object of a VDI the table no longer has is placed nowhere.
-func (r *recoverer) placedOn(ctx context.Context, v *gateway.View, obj object.ID, id string) (bool, error) {
+func (r *recoverer) placedOn(ctx context.Context, v *view.View, obj object.ID, id string) (bool, error) {
 	reps, err := r.replicas(ctx, v, obj)
 	if errors.Is(err, errNoVDI) {
 		return false, nil
@@ -639,7 +614,7 @@ func (r *recoverer) placedOn(ctx context.Context, v *gateway.View, obj object.ID
 
 var errNoVDI = errors.New("no such VDI")
 
-func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID) ([]string, error) {
+func (r *recoverer) replicas(ctx context.Context, v *view.View, obj object.ID) ([]string, error) {
 	vd, err := r.a.vdiAt(ctx, obj.VDI(), v.Epoch)
 	if err != nil {
 		if errors.Is(err, membership.ErrNoVDI) {
@@ -652,21 +627,20 @@ func (r *recoverer) replicas(ctx context.Context, v *gateway.View, obj object.ID
 
 // pullAll carries out the pending steps with a few workers, until none
 // is left or ctx ends. A step that fails is tried again after a pause.
-func (r *recoverer) pullAll(ctx context.Context, v *gateway.View) error {
+func (r *recoverer) pullAll(ctx context.Context, v *view.View) error {
 	for {
 		r.mu.Lock()
 		var todo []object.ID
-		for obj := range r.pending {
+		for _, obj := range r.objs.Pending() {
 			if r.busy[obj] == nil {
 				todo = append(todo, obj)
 			}
 		}
-		left := len(r.pending)
+		left := r.objs.PendingCount()
 		r.mu.Unlock()
 		if left == 0 {
 			return nil
 		}
-		slices.Sort(todo)
 		work := make(chan object.ID)
 		var wg sync.WaitGroup
 		var failed atomic.Int64
@@ -711,10 +685,10 @@ func (r *recoverer) pullAll(ctx context.Context, v *gateway.View) error {
 
 // recoverPending carries out obj's pending step, unless a request got to
 // it first.
-func (r *recoverer) recoverPending(ctx context.Context, v *gateway.View, obj object.ID) error {
+func (r *recoverer) recoverPending(ctx context.Context, v *view.View, obj object.ID) error {
 	r.mu.Lock()
-	st, ok := r.pending[obj]
-	if !ok || r.busy[obj] != nil || r.epoch != v.Epoch {
+	st, ok := r.objs.Step(obj, v.Epoch)
+	if !ok || r.busy[obj] != nil {
 		r.mu.Unlock()
 		return nil
 	}
@@ -728,7 +702,7 @@ func (r *recoverer) recoverPending(ctx context.Context, v *gateway.View, obj obj
 		return err
 	}
 	r.mu.Lock()
-	st, ok = r.pending[obj]
+	st, ok = r.objs.Step(obj, v.Epoch)
 	if !ok || r.busy[obj] != nil {
 		r.mu.Unlock()
 		return nil // recovered on demand meanwhile
@@ -736,37 +710,123 @@ func (r *recoverer) recoverPending(ctx context.Context, v *gateway.View, obj obj
 	ch := make(chan struct{})
 	r.busy[obj] = ch
 	r.mu.Unlock()
-	err := r.apply(ctx, v, obj, st)
+	err := r.settle(ctx, obj, v.Epoch)
+	if err == nil {
+		if live, lerr := r.liveHere(obj, v.Epoch); lerr != nil {
+			err = lerr
+		} else if !live {
+			err = r.apply(ctx, v, obj, st)
+		}
+		// A copy that took writes of the epoch since the listing is
+		// kept (recovery invariant 6): the step was decided without
+		// them.
+	}
 	r.mu.Lock()
 	delete(r.busy, obj)
-	if err == nil && r.epoch == v.Epoch {
-		delete(r.pending, obj)
+	if err == nil {
+		r.objs.Pulled(obj, v.Epoch)
 	}
 	r.mu.Unlock()
 	close(ch)
 	return err
 }
 
-// ready returns nil once obj may be served from this node's copy in
-// epoch e: at once when it is known current, else after recovering it
-// on demand. The handler calls it for every request on an object.
-func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64) error {
+// ready returns once obj may be served from this node's copy in epoch
+// e: at once when it is known current, else after recovering it on
+// demand. The handler calls it for every request on an object, and
+// calls done when the request ended. A write (write set) holds the
+// object until then: a recovery of it (busy) waits for the writes under
+// way here to end before it looks at the copy (awaitUnused), and no
+// write starts while one runs. Once the run of e is done no recovery of
+// e decides anything more (a repair aside, of a copy no write reaches),
+// so nothing is held.
+func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64, write bool) (done func(), err error) {
 	if r.done.Load() >= e {
-		return nil
+		return nop, nil
 	}
-	if err := r.awaitIdle(ctx, obj); err != nil {
-		return err
+	for {
+		if err := r.awaitIdle(ctx, obj); err != nil {
+			return nil, err
+		}
+		r.mu.Unlock()
+		ok, err := r.known(ctx, obj, e)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			v := r.n.views.View()
+			if v.Epoch != e {
+				return nil, fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
+			}
+			if err := r.now(ctx, v, obj, false); err != nil {
+				return nil, err
+			}
+			continue // current now: take the object below
+		}
+		r.mu.Lock()
+		if r.busy[obj] != nil {
+			r.mu.Unlock()
+			continue // a recovery began meanwhile: wait for it
+		}
+		if !write {
+			r.mu.Unlock()
+			return nop, nil
+		}
+		r.using[obj]++
+		r.mu.Unlock()
+		return func() { r.leave(obj) }, nil
+	}
+}
+
+func nop() {}
+
+// leave ends one write's hold on obj (ready).
+func (r *recoverer) leave(obj object.ID) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.using[obj]--; r.using[obj] > 0 {
+		return
+	}
+	delete(r.using, obj)
+	if ch := r.unused[obj]; ch != nil {
+		close(ch)
+		delete(r.unused, obj)
+	}
+}
+
+// awaitUnused waits until no write holds obj. The caller made obj busy,
+// so no write takes it meanwhile.
+func (r *recoverer) awaitUnused(ctx context.Context, obj object.ID) error {
+	r.mu.Lock()
+	for r.using[obj] > 0 {
+		ch := r.unused[obj]
+		if ch == nil {
+			ch = make(chan struct{})
+			r.unused[obj] = ch
+		}
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("object %s: waiting for the writes under way: %w", obj, ctx.Err())
+		}
+		r.mu.Lock()
 	}
 	r.mu.Unlock()
-	ok, err := r.known(ctx, obj, e)
-	if err != nil || ok {
+	return nil
+}
+
+// settle readies obj's copy for a look by a recovery that holds it
+// (busy): the writes under way here end, and so do those of epochs
+// before e (drainOlder), so that the copy's version says all it took.
+func (r *recoverer) settle(ctx context.Context, obj object.ID, e uint64) error {
+	if err := r.awaitUnused(ctx, obj); err != nil {
 		return err
 	}
-	v := r.n.views.View()
-	if v.Epoch != e {
-		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
+	if err := r.n.h.drainOlder(ctx, e); err != nil {
+		return fmt.Errorf("object %s: %w", obj, err)
 	}
-	return r.now(ctx, v, obj)
+	return nil
 }
 
 // current reports, without waiting or recovering, whether obj's copy is
@@ -777,24 +837,32 @@ func (r *recoverer) current(obj object.ID, e uint64) bool {
 }
 
 // known reports whether obj's copy is known current in epoch e: the run
-// of e is done; or its listing is, and obj is not pending; or, before
-// that, the node was placed for obj in every epoch since it was last
-// current (continuous). A copy being recovered is not known current.
+// of e is done; or obj was recovered on demand in e (early); or the
+// run's listing is done, and obj is not pending; or, before that, the
+// node was placed for obj in every epoch since it was last current
+// (continuous). A copy being recovered is not known current.
+//
+// A copy recovered on demand is current for the rest of its epoch: every
+// write of the epoch that reached the node meanwhile waited for the
+// recovery (ready) and was applied after it. Recovering it again in the
+// same epoch would be wrong, not only slow: while the epoch's writes are
+// in flight, the copies' versions do not order them (disjoint writes
+// reach the replicas in different orders, each counting its own), so a
+// second decision could pull another replica's copy over this one and
+// lose a write this copy took and that one has not received yet.
 func (r *recoverer) known(ctx context.Context, obj object.ID, e uint64) (bool, error) {
 	if r.done.Load() >= e {
 		return true, nil
 	}
 	r.mu.Lock()
 	busy := r.busy[obj] != nil
-	listed := r.listed && r.epoch == e
-	_, pending := r.pending[obj]
-	_, unfound := r.unfound[obj]
+	st := r.objs.State(obj, e)
 	r.mu.Unlock()
 	switch {
 	case busy:
 		return false, nil
-	case listed:
-		return !pending && !unfound, nil
+	case st != recovery.Undecided:
+		return st == recovery.Current, nil
 	}
 	return r.continuous(ctx, obj, e)
 }
@@ -822,11 +890,17 @@ func (r *recoverer) awaitIdle(ctx context.Context, obj object.ID) error {
 // and the decision carried out at once. An object the run found unfound
 // is refused at once (only a new epoch changes that); one found unfound
 // here is refused too (*unfoundError).
-func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) error {
+func (r *recoverer) now(ctx context.Context, v *view.View, obj object.ID, repair bool) error {
 	if err := r.awaitIdle(ctx, obj); err != nil {
 		return err
 	}
-	if away, ok := r.unfound[obj]; ok && r.epoch == v.Epoch {
+	if r.objs.State(obj, v.Epoch) == recovery.Current && !repair {
+		// Recovered while this waited (by the run, or on demand for
+		// another request): current now, and not to be decided again.
+		r.mu.Unlock()
+		return nil
+	}
+	if away, ok := r.objs.Away(obj, v.Epoch); ok {
 		r.mu.Unlock()
 		return &unfoundError{obj: obj, away: away}
 	}
@@ -839,6 +913,9 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 		r.mu.Unlock()
 		close(ch)
 	}()
+	if err := r.settle(ctx, obj, v.Epoch); err != nil {
+		return err
+	}
 	copies, err := r.statAll(ctx, v, obj)
 	if err != nil {
 		return err
@@ -847,7 +924,7 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 	if err != nil {
 		return err
 	}
-	copies, away, err := rk.judge(ctx, obj, copies, viewIDs(v))
+	copies, away, err := rk.judge(ctx, obj, copies, v.IDs())
 	if err != nil {
 		return err
 	}
@@ -855,18 +932,29 @@ func (r *recoverer) now(ctx context.Context, v *gateway.View, obj object.ID) err
 		return &unfoundError{obj: obj, away: away}
 	}
 	st := recovery.Decide(r.n.id, copies)
+	if st.Hide {
+		r.n.log.Info("recovery: on demand, pulling a copy to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
+	}
 	if err := r.apply(ctx, v, obj, st); err != nil {
 		return err
 	}
 	r.mu.Lock()
-	if r.epoch == v.Epoch {
-		delete(r.pending, obj)
-		if !r.listed {
-			r.early[obj] = true
-		}
-	}
+	r.objs.Recovered(obj, v.Epoch)
 	r.mu.Unlock()
 	return nil
+}
+
+// liveHere reports whether this node's copy of obj took writes of epoch
+// e (recovery.Copy.Live): its version is of e and it is not suspect.
+func (r *recoverer) liveHere(obj object.ID, e uint64) (bool, error) {
+	in, err := r.n.st.Stat(obj)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("object %s: %w", obj, err)
+	}
+	return !in.Suspect && store.VersionEpoch(in.Version) == e, nil
 }
 
 // repair recovers a copy found suspect while serving a request.
@@ -875,11 +963,11 @@ func (r *recoverer) repair(ctx context.Context, obj object.ID, e uint64) error {
 	if v.Epoch != e {
 		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
 	}
-	return r.now(ctx, v, obj)
+	return r.now(ctx, v, obj, true)
 }
 
 // statAll asks every node of v for its copy of obj.
-func (r *recoverer) statAll(ctx context.Context, v *gateway.View, obj object.ID) ([]recovery.Copy, error) {
+func (r *recoverer) statAll(ctx context.Context, v *view.View, obj object.ID) ([]recovery.Copy, error) {
 	var copies []recovery.Copy
 	if in, err := r.n.st.Stat(obj); err == nil {
 		copies = append(copies, recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
@@ -946,7 +1034,7 @@ func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bo
 }
 
 // apply carries out one step for obj.
-func (r *recoverer) apply(ctx context.Context, v *gateway.View, obj object.ID, st recovery.Step) error {
+func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st recovery.Step) error {
 	switch st.Action {
 	case recovery.Keep:
 		return nil
@@ -1033,7 +1121,7 @@ func (r *recoverer) count(bytes int64) {
 // first; writes that land on the source meanwhile reach this node too
 // (it is placed for obj, and holds them back until obj is recovered), so
 // they are applied again on top.
-func (r *recoverer) fetch(ctx context.Context, v *gateway.View, obj object.ID, st recovery.Step) ([]byte, uint64, error) {
+func (r *recoverer) fetch(ctx context.Context, v *view.View, obj object.ID, st recovery.Step) ([]byte, uint64, error) {
 	addr := v.Addr[st.Source]
 	if addr == "" {
 		return nil, 0, fmt.Errorf("object %s: source %s left the epoch", obj, st.Source)
@@ -1099,7 +1187,7 @@ func (r *recoverer) fetch(ctx context.Context, v *gateway.View, obj object.ID, s
 // for in v, once every node placed for each has recorded v's epoch as
 // recovered. Copies whose new holders are not there yet are left for a
 // later pass (the next run, or this one's retries).
-func (r *recoverer) dropMoved(ctx context.Context, v *gateway.View) error {
+func (r *recoverer) dropMoved(ctx context.Context, v *view.View) error {
 	clean := false
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 10*time.Second) {
 		infos, err := r.n.st.List(0)
@@ -1256,4 +1344,25 @@ func (n *Node) listFor(ctx context.Context, epoch uint64, target string, cursor 
 		return nil, err
 	}
 	return n.rec.serveListFor(ctx, v, target, cursor)
+}
+
+// copiesString describes copies for a log line: node:epoch.count, with
+// the rank and marks.
+func copiesString(copies []recovery.Copy) string {
+	var b strings.Builder
+	for i, c := range copies {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s:%d.%d/r%d", c.Node, store.VersionEpoch(c.Version), store.VersionCount(c.Version), c.Rank)
+		for _, m := range []struct {
+			on   bool
+			name string
+		}{{c.Absent, "absent"}, {c.Live, "live"}, {c.Suspect, "suspect"}, {c.Tombstone, "tombstone"}} {
+			if m.on {
+				b.WriteString("," + m.name)
+			}
+		}
+	}
+	return b.String()
 }

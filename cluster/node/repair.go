@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/ovis-storage/ovis/cluster/admin"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
-	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/recovery"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // Repair fixes what a Check found, by asking the nodes concerned, and
@@ -27,28 +28,36 @@ import (
 //   - an object of no VDI: its node removes the deleted VDI's objects.
 //
 // Run Check again afterwards to see the result.
-func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *CheckReport) ([]string, error) {
+func Repair(ctx context.Context, net gateway.Caller, v *view.View, rep *admin.CheckReport) ([]string, error) {
 	var done []string
-	say := func(b CheckResult, format string, args ...any) {
+	say := func(b admin.CheckResult, format string, args ...any) {
 		done = append(done, fmt.Sprintf("vdi %s object %s: %s", b.VDI, b.Object, fmt.Sprintf(format, args...)))
+	}
+	// to is the admin client of a node of v.
+	to := func(node string) (*admin.Client, error) {
+		addr := v.Addr[node]
+		if addr == "" {
+			return nil, fmt.Errorf("node %s is not in epoch %d", node, v.Epoch)
+		}
+		return admin.Via(net, addr), nil
 	}
 	for _, b := range rep.Bad {
 		id, err := object.Parse(b.Object)
 		if err != nil {
 			return done, fmt.Errorf("repair: %w", err)
 		}
-		ask := func(node, cmd, source string) error {
-			addr := v.Addr[node]
-			if addr == "" {
-				return fmt.Errorf("node %s is not in epoch %d", node, v.Epoch)
+		// ask sends one of the repair verbs of an object to a node.
+		ask := func(node string, k admin.Call[admin.ObjectRequest, admin.Ack]) error {
+			c, err := to(node)
+			if err == nil {
+				_, err = k.Do(ctx, c, admin.ObjectRequest{Object: id})
 			}
-			var msg string
-			return adminVia(ctx, net, addr, AdminRequest{Cmd: cmd, Object: uint64(id), Source: source}, &msg)
+			return err
 		}
 		switch b.Kind {
 		case "missing":
 			for _, n := range b.Nodes {
-				if err := ask(n, "object.recover", ""); err != nil {
+				if err := ask(n, admin.ObjectRecover); err != nil {
 					say(b, "not recovered on %s: %v", n, err)
 					continue
 				}
@@ -56,7 +65,7 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 			}
 		case "differ":
 			g := slices.Clone(b.Groups)
-			slices.SortFunc(g, func(x, y CheckGroup) int {
+			slices.SortFunc(g, func(x, y admin.CheckGroup) int {
 				if c := cmp.Compare(len(y.Nodes), len(x.Nodes)); c != 0 {
 					return c
 				}
@@ -68,7 +77,11 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 			src := slices.Min(g[0].Nodes)
 			for _, lost := range g[1:] {
 				for _, n := range lost.Nodes {
-					if err := ask(n, "object.replace", src); err != nil {
+					c, err := to(n)
+					if err == nil {
+						_, err = admin.ObjectReplace.Do(ctx, c, admin.ObjectReplaceRequest{Object: id, Source: src})
+					}
+					if err != nil {
 						say(b, "copy on %s not replaced: %v", n, err)
 						continue
 					}
@@ -77,7 +90,7 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 			}
 		case "extra":
 			for _, n := range b.Nodes {
-				if err := ask(n, "object.drop", ""); err != nil {
+				if err := ask(n, admin.ObjectDrop); err != nil {
 					say(b, "extra copy on %s kept: %v", n, err)
 					continue
 				}
@@ -85,7 +98,7 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 			}
 		case "orphan":
 			for _, n := range b.Nodes {
-				if err := ask(n, "vdi.purge", ""); err != nil {
+				if err := ask(n, admin.VDIPurge); err != nil {
 					say(b, "objects of the deleted VDI kept on %s: %v", n, err)
 					continue
 				}
@@ -98,81 +111,93 @@ func Repair(ctx context.Context, net gateway.Caller, v *gateway.View, rep *Check
 	return done, nil
 }
 
-// adminVia sends one admin command to the node at addr through net; a
-// refusal comes back as the node worded it.
-func adminVia(ctx context.Context, net gateway.Caller, addr string, ar AdminRequest, out any) error {
-	_, err := callAdmin(ctx, net, addr, ar, nil, out, func(err error) error {
-		var pe *protocol.Error
-		if errors.As(err, &pe) {
-			return errors.New(pe.Msg)
-		}
-		return err
-	})
-	return err
+// recoverObject serves object.recover: this node recovers obj on
+// demand, the newest copy winning as in recovery.
+func (n *Node) recoverObject(ctx context.Context, obj object.ID) (admin.Ack, error) {
+	if err := named(admin.ObjectRecover.Verb, obj); err != nil {
+		return "", err
+	}
+	if err := n.rec.now(ctx, n.views.View(), obj, true); err != nil {
+		return "", err
+	}
+	return "recovered", nil
 }
 
-// repairCmd serves the repair commands on this node.
-func (n *Node) repairCmd(ctx context.Context, ar AdminRequest) (string, error) {
-	obj := object.ID(ar.Object)
-	if obj.VDI() == 0 {
-		return "", fmt.Errorf("%s: no object named", ar.Cmd)
+// replaceObject serves object.replace: this node's copy of obj is
+// replaced by the one node source holds, whatever their versions.
+func (n *Node) replaceObject(ctx context.Context, obj object.ID, source string) (admin.Ack, error) {
+	if err := named(admin.ObjectReplace.Verb, obj); err != nil {
+		return "", err
+	}
+	if source == "" || source == n.id {
+		return "", fmt.Errorf("object %s: replace from %q: name another node", obj, source)
+	}
+	data, ver, err := n.rec.fetch(ctx, n.views.View(), obj, recovery.Step{Action: recovery.Pull, Source: source})
+	if err != nil {
+		return "", err
+	}
+	if err := n.st.Replace(obj, ver, data); err != nil {
+		return "", fmt.Errorf("object %s: %w", obj, err)
+	}
+	return "replaced", nil
+}
+
+// dropObject serves object.drop: this node drops its extra copy of obj,
+// once every replica of obj holds a copy at least as new.
+func (n *Node) dropObject(ctx context.Context, obj object.ID) (admin.Ack, error) {
+	if err := named(admin.ObjectDrop.Verb, obj); err != nil {
+		return "", err
 	}
 	v := n.views.View()
-	switch ar.Cmd {
-	case "object.recover":
-		if err := n.rec.now(ctx, v, obj); err != nil {
-			return "", err
-		}
-		return "recovered", nil
-	case "object.replace":
-		if ar.Source == "" || ar.Source == n.id {
-			return "", fmt.Errorf("object %s: replace from %q: name another node", obj, ar.Source)
-		}
-		data, ver, err := n.rec.fetch(ctx, v, obj, recovery.Step{Action: recovery.Pull, Source: ar.Source})
-		if err != nil {
-			return "", err
-		}
-		if err := n.st.Replace(obj, ver, data); err != nil {
-			return "", fmt.Errorf("object %s: %w", obj, err)
-		}
-		return "replaced", nil
-	case "object.drop":
-		reps, err := n.rec.replicas(ctx, v, obj)
-		if err != nil {
-			return "", err
-		}
-		if slices.Contains(reps, n.id) {
-			return "", fmt.Errorf("object %s: this node is one of its replicas in epoch %d; not dropping", obj, v.Epoch)
-		}
-		own, err := n.st.Stat(obj)
-		if err != nil {
-			return "", fmt.Errorf("object %s: %w", obj, err)
-		}
-		copies, err := n.rec.statAll(ctx, v, obj)
-		if err != nil {
-			return "", err
-		}
-		for _, r := range reps {
-			i := slices.IndexFunc(copies, func(c recovery.Copy) bool { return c.Node == r })
-			if i < 0 || copies[i].Suspect || copies[i].Version < own.Version {
-				return "", fmt.Errorf("object %s: replica %s does not hold a copy as new as this one yet; not dropping", obj, r)
-			}
-		}
-		if err := dropCopy(n.st, obj); err != nil {
-			return "", err
-		}
-		return "dropped", nil
-	case "vdi.purge":
-		if _, err := n.mc.GetVDIByID(ctx, obj.VDI()); !errors.Is(err, membership.ErrNoVDI) {
-			if err == nil {
-				return "", fmt.Errorf("vdi %08x exists; not purging", uint32(obj.VDI()))
-			}
-			return "", err
-		}
-		if err := n.st.RemoveVDI(obj.VDI(), n.st.Token(obj.VDI())); err != nil {
-			return "", err
-		}
-		return "purged", nil
+	reps, err := n.rec.replicas(ctx, v, obj)
+	if err != nil {
+		return "", err
 	}
-	return "", fmt.Errorf("unknown repair command %q", ar.Cmd)
+	if slices.Contains(reps, n.id) {
+		return "", fmt.Errorf("object %s: this node is one of its replicas in epoch %d; not dropping", obj, v.Epoch)
+	}
+	own, err := n.st.Stat(obj)
+	if err != nil {
+		return "", fmt.Errorf("object %s: %w", obj, err)
+	}
+	copies, err := n.rec.statAll(ctx, v, obj)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range reps {
+		i := slices.IndexFunc(copies, func(c recovery.Copy) bool { return c.Node == r })
+		if i < 0 || copies[i].Suspect || copies[i].Version < own.Version {
+			return "", fmt.Errorf("object %s: replica %s does not hold a copy as new as this one yet; not dropping", obj, r)
+		}
+	}
+	if err := dropCopy(n.st, obj); err != nil {
+		return "", err
+	}
+	return "dropped", nil
+}
+
+// purgeVDI serves vdi.purge: this node removes every object of obj's
+// VDI, which must be deleted.
+func (n *Node) purgeVDI(ctx context.Context, obj object.ID) (admin.Ack, error) {
+	if err := named(admin.VDIPurge.Verb, obj); err != nil {
+		return "", err
+	}
+	if _, err := n.mc.GetVDIByID(ctx, obj.VDI()); !errors.Is(err, membership.ErrNoVDI) {
+		if err == nil {
+			return "", fmt.Errorf("vdi %08x exists; not purging", uint32(obj.VDI()))
+		}
+		return "", err
+	}
+	if err := n.st.RemoveVDI(obj.VDI(), n.st.Token(obj.VDI())); err != nil {
+		return "", err
+	}
+	return "purged", nil
+}
+
+// named refuses a repair verb that names no object.
+func named(verb admin.Verb, obj object.ID) error {
+	if obj.VDI() == 0 {
+		return fmt.Errorf("%s: no object named", verb)
+	}
+	return nil
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/owner"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/export"
 	"github.com/ovis-storage/ovis/nbd"
@@ -19,14 +21,17 @@ import (
 // client asks. It is the NBD server's Exports, and the admin commands'
 // way to a VDI's bytes.
 //
-// A VDI open writable here whose lock goes to another owner is dropped
-// (drop): its device refuses writes from then on (gateway.Device.Revoke
-// or Lose), and it leaves open, so that the next client gets the VDI
-// afresh, read-only while another node holds it. The node learns it
-// three ways: a storage node refuses the device's token as stale
-// (gateway.Config.Revoked), etcd shows the lock broken while the lease
-// it was held under lives (watchLock), or a rejoin after a lost lease
-// finds it taken (relock). Connections that had the device keep it:
+// Each VDI open here has an ownership machine (cluster/owner), which
+// its device writes under: the node's lease and the lock's fate drive
+// it (suspend, relock, drop, abandon, closeAll). A VDI open writable
+// here whose lock goes to another owner is dropped (drop): its machine
+// goes to Revoked or Lost, so its device refuses writes from then on,
+// and it leaves open, so that the next client gets the VDI afresh,
+// read-only while another node holds it. The node learns it three
+// ways: a storage node refuses the device's token as stale (the
+// machine revokes itself; changed), etcd shows the lock broken while
+// the lease it was held under lives (watchLock), or a rejoin after a
+// lost lease finds it taken (relock). Connections that had the device keep it:
 // their reads go on, their writes fail at once with EPERM (never
 // acknowledged); NBD cannot tell a client that an export became
 // read-only, so a client must reconnect to see the read-only export.
@@ -45,8 +50,11 @@ type vdis struct {
 
 // openVDI is one VDI opened on this node.
 type openVDI struct {
-	vdi    membership.VDI
-	dev    *gateway.Device
+	vdi membership.VDI
+	dev *gateway.Device
+	// own is the VDI's ownership machine here, the device's Owner: the
+	// lease and lock events below drive it (owner.Authority.Apply).
+	own    *owner.Authority
 	lock   *membership.Lock // nil when read-only
 	holder string           // who holds the lock when read-only
 	exp    nbd.Export
@@ -56,6 +64,11 @@ type openVDI struct {
 }
 
 func newVDIs(n *Node) *vdis { return &vdis{n: n, open: map[string]*openVDI{}} }
+
+// recordWait bounds the wait for a VDI's record when the VDI is open
+// here under its lock and the size known can serve instead (vdis.get).
+// Well under nbd.DefaultHandshakeTimeout.
+const recordWait = 2 * time.Second
 
 // holder is how this node names itself as a lock holder.
 func (r *vdis) holder() string { return fmt.Sprintf("%s (%s)", r.n.id, r.n.Addr()) }
@@ -73,7 +86,17 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	r.mu.Lock()
 	o := r.open[name]
 	r.mu.Unlock()
-	v, rev, err := r.n.mc.GetVDIRevision(ctx, name)
+	rctx := ctx
+	if o != nil && o.lock != nil {
+		// The size known serves when etcd does not answer, so wait for
+		// the record only briefly: a handshake that spent its whole
+		// timeout here would be cut off after the record was given up
+		// (the client sees the server hang up).
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, recordWait)
+		defer cancel()
+	}
+	v, rev, err := r.n.mc.GetVDIRevision(rctx, name)
 	switch {
 	case errors.Is(err, membership.ErrNoVDI):
 		return nil, fmt.Errorf("%w: %w", nbd.ErrUnknownExport, err)
@@ -116,12 +139,16 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		}
 		return nil, fmt.Errorf("node: vdi %q: %w", name, err)
 	}
+	var token uint64
+	if lk != nil {
+		token = lk.Token
+	}
+	var own *owner.Authority
+	own = owner.New(owner.Config{Token: token, Valid: r.n.live, AwaitValid: r.n.awaitLive,
+		Changed: func(_ owner.Machine, e owner.Event, to owner.Machine) { r.changed(own, e, to) }})
 	cfg := gateway.Config{VDI: v.ID, Name: v.Name, Size: v.Size, Copies: v.Copies, CopiesAt: copiesAt(v), ObjectShift: v.ObjectShift,
 		Views: r.n.views, Net: r.n.net, Local: r.n.id, Dead: r.n.dead.report, Strict: f.Strict,
-		Live: r.n.live, AwaitLive: r.n.awaitLive, Revoked: r.revoked, RetryTimeout: r.n.cfg.IOTimeout}
-	if lk != nil {
-		cfg.Token = lk.Token
-	}
+		Owner: own, RetryTimeout: r.n.cfg.IOTimeout}
 	if v.Allocation {
 		cfg.Allocation = vdiAllocation{mc: r.n.mc, id: v.ID}
 	}
@@ -132,7 +159,7 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 		}
 		return nil, err
 	}
-	o = &openVDI{vdi: v, dev: dev, lock: lk, holder: holder, rev: rev}
+	o = &openVDI{vdi: v, dev: dev, own: own, lock: lk, holder: holder, rev: rev}
 	o.exp = nbd.Export{Name: v.Name, Device: export.WithCacheMode(dev, r.n.cfg.Cache), ReadOnly: lk == nil, MultiConn: true, NoHoleMap: true, NoFUA: r.n.cfg.NBDNoFUA}
 	if lk == nil {
 		o.exp.Description = "read-only: locked by " + holder
@@ -159,10 +186,10 @@ func (r *vdis) get(ctx context.Context, name string) (*openVDI, error) {
 	r.mu.Unlock()
 	if lk != nil {
 		r.watch(o, *lk)
-		if why := dev.Lost(); why != nil {
+		if own.Lost() != nil {
 			// Refused as stale by a node that answered Open late, before
-			// o was in open for the hook to find.
-			r.drop(o, why, true)
+			// o was in open for changed to find.
+			r.drop(o, owner.Event{})
 		}
 	}
 	return o, nil
@@ -221,8 +248,10 @@ func (r *vdis) List(ctx context.Context) ([]*nbd.Export, error) {
 }
 
 // closeAll flushes and closes every open VDI and releases its lock, and
-// closes the devices of VDIs dropped before.
-func (r *vdis) closeAll(ctx context.Context) error {
+// closes the devices of VDIs dropped before. With crash (Node.Kill) it
+// only closes them: nothing is flushed, and the locks stay until their
+// lease runs out.
+func (r *vdis) closeAll(ctx context.Context, crash bool) error {
 	r.mu.Lock()
 	open, retired := r.open, r.retired
 	r.open, r.retired, r.closed = map[string]*openVDI{}, nil, true
@@ -240,13 +269,15 @@ func (r *vdis) closeAll(ctx context.Context) error {
 	}
 	var errs []error
 	for name, o := range open {
-		if o.lock != nil {
+		held := o.lock != nil && !crash // a killed node neither flushes nor unlocks
+		if held {
 			if err := o.dev.Flush(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("node: vdi %q: last flush: %w", name, err))
 			}
 		}
 		o.dev.Close()
-		if o.lock != nil {
+		o.own.Apply(owner.Event{Kind: owner.Close})
+		if held {
 			if err := r.n.mc.Unlock(ctx, *o.lock); err != nil {
 				errs = append(errs, fmt.Errorf("node: vdi %q: unlock: %w", name, err))
 			}
@@ -262,9 +293,7 @@ func (r *vdis) suspend() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, o := range r.open {
-		if o.lock != nil {
-			o.dev.Suspend()
-		}
+		o.own.Apply(owner.Event{Kind: owner.LeaseLost})
 	}
 }
 
@@ -274,16 +303,15 @@ func (r *vdis) abandon(why error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, o := range r.open {
-		if o.lock != nil {
-			o.dev.Abandon(why)
-		}
+		o.own.Apply(owner.Event{Kind: owner.Abandon, Why: why})
 	}
 }
 
 // relock takes again, under reg, the locks of the VDIs open writable
 // here, after the lease they were held under was lost. Each is taken only
-// when nobody else took it meanwhile (membership.Relock), and the device
-// then moves to the new token (gateway.Device.Retoken); otherwise it is
+// when nobody else took it meanwhile (membership.Relock), the new token
+// sent to every node (gateway.Device.Fence), and the machine moved to it
+// (owner.Retaken); otherwise it is
 // lost for good (its clients' writes fail: they must reconnect, and then
 // get the VDI read-only), since its client knows nothing of the other
 // owner's writes. An error that may pass (etcd, a node not answering) is
@@ -304,11 +332,12 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 		if !still {
 			continue // dropped meanwhile (its token was refused as stale)
 		}
+		o.own.Apply(owner.Event{Kind: owner.Rejoined})
 		l, err := r.n.mc.Relock(ctx, reg, o.vdi.Name, old)
 		var le *membership.LockedError
 		switch {
 		case errors.As(err, &le), errors.Is(err, membership.ErrNoVDI), errors.Is(err, membership.ErrTakenOver):
-			r.drop(o, fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err), false)
+			r.drop(o, owner.Event{Kind: owner.Refused, Why: fmt.Errorf("node: vdi %q: its lock was lost with the lease: %w", o.vdi.Name, err)})
 			continue
 		case err != nil:
 			return fmt.Errorf("node: vdi %q: taking its lock again: %w", o.vdi.Name, err)
@@ -328,8 +357,12 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 			}
 			continue
 		}
-		if err := o.dev.Retoken(ctx, l.Token); err != nil {
+		if err := o.dev.Fence(ctx, l.Token); err != nil {
 			return err
+		}
+		if !o.own.Apply(owner.Event{Kind: owner.Retaken, Token: l.Token}) {
+			// The lease went again meanwhile: the next rejoin's.
+			return nil
 		}
 		r.watch(o, l)
 		r.n.log.Info("vdi lock taken again after the lease was lost", "vdi", o.vdi.Name, "token", l.Token)
@@ -337,17 +370,18 @@ func (r *vdis) relock(ctx context.Context, reg *membership.Registration) error {
 	return nil
 }
 
-// drop takes o, whose lock went to another owner, out of the VDIs open
-// here: its device refuses writes from then on (Revoke when revoke,
-// else Lose), the watch of its lock ends, and the next client opens the
-// VDI afresh (read-only while another node holds it). Connections that
-// have the device keep it: reads go on, writes fail at once. Dropping
-// a dropped VDI again only logs nothing.
-func (r *vdis) drop(o *openVDI, why error, revoke bool) {
-	if revoke {
-		o.dev.Revoke(why)
-	} else {
-		o.dev.Lose(why)
+// drop applies e (the lock went to another owner: Refused, Broken, or
+// a Stale applied already) to o's machine and takes o out of the VDIs
+// open here: its device refuses writes from then on, the watch of its
+// lock ends, and the next client opens the VDI afresh (read-only while
+// another node holds it). Connections that have the device keep it:
+// reads go on, writes fail at once. Dropping a dropped VDI again does
+// nothing.
+func (r *vdis) drop(o *openVDI, e owner.Event) {
+	o.own.Apply(e)
+	m := o.own.Machine()
+	if m.State != owner.Lost && m.State != owner.Revoked {
+		return // e did not apply: o keeps its lock
 	}
 	r.mu.Lock()
 	mine := r.open[o.vdi.Name] == o
@@ -364,27 +398,33 @@ func (r *vdis) drop(o *openVDI, why error, revoke bool) {
 	if !mine {
 		return
 	}
-	if revoke {
-		r.n.log.Error("vdi lock taken by another owner: serving it read-only from now on; its clients' writes fail", "vdi", o.vdi.Name, "err", why)
+	if m.State == owner.Revoked {
+		r.n.log.Error("vdi lock taken by another owner: serving it read-only from now on; its clients' writes fail", "vdi", o.vdi.Name, "err", m.Why)
 	} else {
-		r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", why)
+		r.n.log.Error("vdi lost while this node was away: its clients' writes fail from now on", "vdi", o.vdi.Name, "err", m.Why)
 	}
 }
 
-// revoked is gateway.Config.Revoked: a storage node refused dev's token
-// as stale, so another owner has the VDI's lock. It does not block.
-func (r *vdis) revoked(dev *gateway.Device, why error) {
+// changed is every open VDI's owner.Config.Changed. A storage node that
+// refused own's token as stale (the gateway told own, which revoked
+// itself) means another owner has the VDI's lock: the VDI is dropped.
+// Called with no lock held; it does not block.
+func (r *vdis) changed(own *owner.Authority, e owner.Event, to owner.Machine) {
+	r.n.log.Debug("vdi ownership", "event", e.Kind, "state", to.State, "token", to.Token)
+	if e.Kind != owner.Stale {
+		return
+	}
 	r.mu.Lock()
 	var o *openVDI
 	for _, x := range r.open {
-		if x.dev == dev {
+		if x.own == own {
 			o = x
 			break
 		}
 	}
 	r.mu.Unlock()
 	if o != nil {
-		r.drop(o, why, true)
+		r.drop(o, e)
 	}
 }
 
@@ -426,7 +466,7 @@ func (r *vdis) watchLock(ctx context.Context, o *openVDI, l membership.Lock) {
 	}) || !broken {
 		return
 	}
-	r.drop(o, fmt.Errorf("node: vdi %q: its lock (token %d) was broken while this node held it: %w", o.vdi.Name, l.Token, membership.ErrNotLocked), true)
+	r.drop(o, owner.Event{Kind: owner.Broken, Why: fmt.Errorf("node: vdi %q: its lock (token %d) was broken while this node held it: %w", o.vdi.Name, l.Token, membership.ErrNotLocked)})
 }
 
 // vdiAllocation is one VDI's allocation map in etcd, for its gateway.
@@ -445,6 +485,23 @@ func (a vdiAllocation) MarkAllocated(ctx context.Context, token uint64, idx []ui
 
 func (a vdiAllocation) UnmarkAllocated(ctx context.Context, token uint64, idx []uint32) error {
 	return revokedIfUnlocked(a.mc.UnmarkAllocated(ctx, a.id, token, idx))
+}
+
+func (a vdiAllocation) Unsynced(ctx context.Context) (*object.Set, error) {
+	return a.mc.Unsynced(ctx, a.id)
+}
+
+func (a vdiAllocation) MarkSynced(ctx context.Context, token uint64, idx []uint32) error {
+	return revokedIfUnlocked(a.mc.MarkSynced(ctx, a.id, token, idx))
+}
+
+func (a vdiAllocation) GivenUp(ctx context.Context, idx uint32) (bool, error) {
+	lost, err := a.mc.Lost(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, ok := lost[object.Make(a.id, idx)]
+	return ok, nil
 }
 
 // revokedIfUnlocked says a refusal for a lock that is no longer the

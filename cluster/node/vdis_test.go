@@ -13,25 +13,30 @@ import (
 	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/protocol"
+	"github.com/ovis-storage/ovis/internal/testutil"
+	"github.com/ovis-storage/ovis/nbd"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// startTestNode starts one node in process, embedding etcd, with the
-// cluster formatted (copies 1) and a 4 MiB VDI "disk".
-func startTestNode(t *testing.T) *Node {
+// startTestNode starts one node in process, embedding etcd (or on the
+// external etcd given), with the cluster formatted (copies 1) and a
+// 4 MiB VDI "disk".
+func startTestNode(t *testing.T, etcd ...string) *Node {
 	t.Helper()
 	ctx := context.Background()
-	dir := t.TempDir()
-	n, err := Start(ctx, Config{Dir: dir, Listen: "127.0.0.1:0", EtcdListen: "http://127.0.0.1:0", EtcdPeer: "http://127.0.0.1:0",
-		LeaseTTL: 4 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cfg := Config{Dir: t.TempDir(), Listen: "127.0.0.1:0", Etcd: etcd, LeaseTTL: 4 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if len(etcd) == 0 {
+		cfg.EtcdListen, cfg.EtcdPeer = "http://127.0.0.1:0", "http://127.0.0.1:0"
+	}
+	n, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := n.Close(cctx); err != nil {
-			t.Errorf("close: %v", err)
+		if err := n.Close(cctx); err != nil && len(etcd) == 0 {
+			t.Errorf("close: %v", err) // an external etcd may be gone: closing says so
 		}
 	})
 	if err := n.mc.Format(ctx, membership.Format{Copies: 1}, false); err != nil {
@@ -164,4 +169,36 @@ func TestNodeDropsOnStaleToken(t *testing.T) {
 	if got := promtest.ToFloat64(n.m.Locks); got != 0 {
 		t.Errorf("locks held gauge %v after the drop, want 0", got)
 	}
+}
+
+// TestNodeServesKnownSizeWithoutEtcd: a VDI open writable here is handed
+// to a new client within a short wait when etcd does not answer (the
+// node serves the size it knows), not after the handshake's whole
+// timeout, by which time the NBD server has hung up on the client: the
+// TestClusterEtcdTrouble failure where fio connected just as etcd's
+// quorum went.
+func TestNodeServesKnownSizeWithoutEtcd(t *testing.T) {
+	ctx := context.Background()
+	members := testutil.StartEtcd(t, 1)
+	n := startTestNode(t, members[0].ClientURL)
+	if exp, err := n.vdis.Lookup(ctx, "disk"); err != nil || exp.ReadOnly {
+		t.Fatalf("first open: %v (read-only %v)", err, exp != nil && exp.ReadOnly)
+	}
+
+	members[0].Stop()
+	hctx, cancel := context.WithTimeout(ctx, nbd.DefaultHandshakeTimeout)
+	defer cancel()
+	start := time.Now()
+	exp, err := n.vdis.Lookup(hctx, "disk")
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("open without etcd: %v", err)
+	}
+	if exp.ReadOnly || exp.Device.Size() != 4<<20 {
+		t.Fatalf("open without etcd: read-only %v, size %d; want writable, %d", exp.ReadOnly, exp.Device.Size(), 4<<20)
+	}
+	if took > nbd.DefaultHandshakeTimeout/2 {
+		t.Fatalf("open without etcd took %v; want well inside the handshake's %v", took, nbd.DefaultHandshakeTimeout)
+	}
+	members[0].Restart(t)
 }

@@ -7,10 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ovis-storage/ovis/cluster/gateway"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
+	"github.com/ovis-storage/ovis/cluster/view"
 )
 
 // Views follows the membership's epochs and hands them out: as the
@@ -20,22 +20,31 @@ import (
 // pointer.
 type Views struct {
 	mu   sync.Mutex
-	v    *gateway.View
+	v    *view.View
 	wake chan struct{} // closed and replaced when v changes
 
 	log  *slog.Logger
 	done chan struct{}
 }
 
-// ViewOf builds the gateway's view of a membership view.
-func ViewOf(mv membership.View) (*gateway.View, error) {
-	nodes := make([]placement.Node, len(mv.Nodes))
+// ViewOf builds the gateway's view of a membership view. A full node
+// (membership.NodeInfo.Full) is left out of placement, unless every node
+// is full, but keeps its address: it serves what it holds to recovery,
+// which moves its copies to the nodes placed now.
+func ViewOf(mv membership.View) (*view.View, error) {
+	allFull := true
+	for _, n := range mv.Nodes {
+		allFull = allFull && n.Full
+	}
+	nodes := make([]placement.Node, 0, len(mv.Nodes))
 	addrs := make(map[string]string, len(mv.Nodes))
-	for i, n := range mv.Nodes {
-		nodes[i] = placement.Node{ID: n.ID, Zone: n.Zone, Weight: n.Weight}
+	for _, n := range mv.Nodes {
+		if !n.Full || allFull {
+			nodes = append(nodes, placement.Node{ID: n.ID, Zone: n.Zone, Weight: n.Weight})
+		}
 		addrs[n.ID] = n.Addr
 	}
-	return gateway.NewView(mv.Epoch, nodes, addrs)
+	return view.New(mv.Epoch, nodes, addrs)
 }
 
 // FollowViews starts following c's epochs from its current one. It
@@ -114,7 +123,7 @@ func copiesIn(ctx context.Context, c *membership.Client, e uint64) (map[object.V
 // Wait waits for the watching goroutine to end (its context ended).
 func (vs *Views) Wait() { <-vs.done }
 
-func (vs *Views) set(v *gateway.View) {
+func (vs *Views) set(v *view.View) {
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
 	if v.Epoch <= vs.v.Epoch {
@@ -129,14 +138,14 @@ func (vs *Views) set(v *gateway.View) {
 }
 
 // View returns the newest view.
-func (vs *Views) View() *gateway.View {
+func (vs *Views) View() *view.View {
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
 	return vs.v
 }
 
 // Await returns a view newer than epoch.
-func (vs *Views) Await(ctx context.Context, epoch uint64) (*gateway.View, error) {
+func (vs *Views) Await(ctx context.Context, epoch uint64) (*view.View, error) {
 	for {
 		vs.mu.Lock()
 		v, wake := vs.v, vs.wake

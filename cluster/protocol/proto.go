@@ -114,24 +114,32 @@ type opSpec struct {
 	flags Flags
 	// write: the op changes data and is fenced by Token.
 	write bool
+	// object: the op is on one object's copy (Object names it).
+	object bool
+	// vdi: Object names a VDI or one of its objects (NamesVDI).
+	vdi bool
+	// noEpoch: the op's Epoch is not checked against the receiver's
+	// (HELLO, admin, and settle, which only lets readers see what every
+	// replica acknowledged, in any epoch).
+	noEpoch bool
 }
 
 var ops = [...]opSpec{
-	OpHello:       {name: "hello", payload: true, maxPayload: MaxHelloPayload},
-	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
-	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync | FlagGated, write: true},
-	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap | FlagGated, write: true},
-	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync | FlagGated, write: true},
-	OpRemove:      {name: "remove", flags: FlagSync | FlagGated, write: true},
-	OpFlush:       {name: "flush"},
-	OpFence:       {name: "fence"},
-	OpStat:        {name: "stat", flags: FlagRecovery},
+	OpHello:       {name: "hello", payload: true, maxPayload: MaxHelloPayload, noEpoch: true},
+	OpRead:        {name: "read", readLen: true, bounds: boundsObject, flags: FlagRecovery | FlagCurrent, object: true, vdi: true},
+	OpWrite:       {name: "write", payload: true, bounds: boundsObject, flags: FlagSync | FlagGated, write: true, object: true, vdi: true},
+	OpWriteZeroes: {name: "write-zeroes", bounds: boundsObject, flags: FlagSync | FlagNoUnmap | FlagGated, write: true, object: true, vdi: true},
+	OpDiscard:     {name: "discard", bounds: boundsObject, flags: FlagSync | FlagGated, write: true, object: true, vdi: true},
+	OpRemove:      {name: "remove", flags: FlagSync | FlagGated, write: true, object: true, vdi: true},
+	OpFlush:       {name: "flush", vdi: true},
+	OpFence:       {name: "fence", vdi: true},
+	OpStat:        {name: "stat", flags: FlagRecovery, object: true, vdi: true},
 	OpList:        {name: "list", bounds: boundsList},
-	OpChecksum:    {name: "checksum", bounds: boundsObject, flags: FlagRecovery},
-	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery | FlagCurrent},
-	OpAdmin:       {name: "admin", payload: true},
+	OpChecksum:    {name: "checksum", bounds: boundsObject, flags: FlagRecovery, object: true, vdi: true},
+	OpExtents:     {name: "extents", bounds: boundsObject, flags: FlagRecovery | FlagCurrent, object: true, vdi: true},
+	OpAdmin:       {name: "admin", payload: true, noEpoch: true},
 	OpListFor:     {name: "list-for", payload: true, maxPayload: MaxHelloPayload, bounds: boundsCursor},
-	OpSettle:      {name: "settle", payload: true, maxPayload: MaxSettlePayload, bounds: boundsSettle},
+	OpSettle:      {name: "settle", payload: true, maxPayload: MaxSettlePayload, bounds: boundsSettle, vdi: true, noEpoch: true},
 }
 
 // Known reports whether this version of the protocol defines op.
@@ -140,6 +148,26 @@ func (op Op) Known() bool { return op >= 1 && op <= maxOp }
 // Writes reports whether op changes an object's data, so that a
 // receiver checks its fencing token.
 func (op Op) Writes() bool { return op.Known() && ops[op].write }
+
+// OnObject reports whether op is on one object's copy (Object names it):
+// a receiver may have to recover the copy before serving it.
+func (op Op) OnObject() bool { return op.Known() && ops[op].object }
+
+// NamesVDI reports whether op's Object names a VDI or one of its
+// objects; a storage node refuses VDI 0 for such an op (the protocol
+// itself gives Object no meaning).
+func (op Op) NamesVDI() bool { return op.Known() && ops[op].vdi }
+
+// EpochChecked reports whether a receiver refuses op when its Epoch is
+// not the receiver's own: every op but HELLO, admin and settle.
+func (op Op) EpochChecked() bool { return op.Known() && !ops[op].noEpoch }
+
+// Recovers reports whether req is recovery looking at the receiver's
+// copies for its epoch: a listing for a node, or an op on an object
+// with FlagRecovery.
+func (req *Request) Recovers() bool {
+	return req.Op == OpListFor || req.Op.OnObject() && req.Flags&FlagRecovery != 0
+}
 
 // String gives the op's lowercase name, or "op(N)" for an unknown op.
 func (op Op) String() string {

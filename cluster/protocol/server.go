@@ -425,16 +425,32 @@ func (sc *serverConn) handle(req *Request, h requestHeader, cost int) {
 	sc.out <- outReply{resp: resp, cost: cost, buf: keep}
 }
 
-// check applies the op table to req; it returns StatusOK and "" when
-// the handler may serve it.
+// check is the wire's checks: the payload's checksum, then the op table
+// (validate); it returns StatusOK and "" when the handler may serve req.
 func check(req *Request, crcOK bool, crc uint32) (Status, string) {
+	if req.Op.Known() && !crcOK {
+		return StatusChecksum, fmt.Sprintf("%s %s: payload crc32c %#08x, header says %#08x", req.Op, req.Object, Checksum(req.Payload), crc)
+	}
+	return validate(req)
+}
+
+// Validate applies the op table to req, as a Server does before its
+// handler sees a request: a request served in process (cluster/node's
+// own gateway reaching its own node) goes through the same rules. It
+// returns nil, or an *Error whose Status says why (StatusUnsupported,
+// StatusEINVAL, StatusTooBig) and whose message names what is wrong.
+func Validate(req *Request) error {
+	if st, msg := validate(req); st != StatusOK {
+		return &Error{Status: st, Op: req.Op, Object: req.Object, Msg: msg}
+	}
+	return nil
+}
+
+func validate(req *Request) (Status, string) {
 	if !req.Op.Known() {
 		return StatusUnsupported, fmt.Sprintf("unknown op %d", uint8(req.Op))
 	}
 	spec := &ops[req.Op]
-	if !crcOK {
-		return StatusChecksum, fmt.Sprintf("%s %s: payload crc32c %#08x, header says %#08x", req.Op, req.Object, Checksum(req.Payload), crc)
-	}
 	if bad := req.Flags &^ spec.flags; bad != 0 {
 		return StatusEINVAL, fmt.Sprintf("%s %s: flags %s not valid", req.Op, req.Object, bad)
 	}
@@ -446,6 +462,9 @@ func check(req *Request, crcOK bool, crc uint32) (Status, string) {
 	}
 	if req.Op == OpWrite && req.Payload == nil {
 		return StatusEINVAL, fmt.Sprintf("write %s: no payload", req.Object)
+	}
+	if req.Op == OpWrite && uint64(len(req.Payload)) != uint64(req.Length) {
+		return StatusEINVAL, fmt.Sprintf("write %s: payload of %d bytes, header says %d", req.Object, len(req.Payload), req.Length)
 	}
 	if spec.readLen && req.Length > MaxPayload {
 		return StatusTooBig, fmt.Sprintf("%s %s: length %d over %d", req.Op, req.Object, req.Length, MaxPayload)

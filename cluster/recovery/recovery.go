@@ -50,6 +50,11 @@
 //     the answers, some node placed for it answered. Otherwise the
 //     object is unavailable: it is neither served nor decided, and the
 //     run of the epoch is not recorded.
+//  6. A live own copy (Copy.Live) that is not suspect is kept: it has
+//     every acknowledged write, and any copy with a higher version
+//     lacks, or may lack, writes of the epoch this one took first, so
+//     pulling it would lose them. Only copies that took no write of the
+//     epoch decided in are compared by version.
 //
 // # Why absence needs every possible holder (Unfound)
 //
@@ -105,6 +110,13 @@ type Copy struct {
 	// that the object was never acknowledged up to that epoch, so a copy
 	// a cut-off writer created goes.
 	Absent bool
+	// Live: the copy takes the writes of the epoch decided in and has
+	// taken some (its Rank and its version's epoch are that epoch). Two
+	// live copies differ only by that epoch's writes in flight, which
+	// reach the replicas in different orders, each counting its own
+	// version, or by writes never acknowledged: their versions do not
+	// order them (invariant 6).
+	Live bool
 	// Rank is the latest epoch in which the holder is known to have
 	// received every acknowledged write of the object: at least the
 	// epoch of Version (a node takes a write only once it is current),
@@ -211,6 +223,8 @@ func Decide(self string, copies []Copy) Step {
 	switch {
 	case best == nil:
 		return Step{Action: Keep}
+	case own != nil && own.Live && !own.Suspect && !own.Absent:
+		return Step{Action: Keep, Version: own.Version}
 	case best.Absent && own != nil && !own.Absent:
 		return Step{Action: Drop, Version: own.Version}
 	case best.Absent:
@@ -276,6 +290,55 @@ func TombstoneFloor(recovered, clean map[string]uint64) uint64 {
 		floor = min(floor, clean[id])
 	}
 	return floor
+}
+
+// Rank returns the rank of a node's copy of an object (Copy.Rank) in
+// epoch upTo: the end of the longest unbroken run of epochs in which the
+// node was placed for the object, starting from an epoch in which its
+// copy is known current, and at least the epoch of version (a node takes
+// a write only once its copy is current). A copy is known current in
+// the epoch of the node's last completed run (recovered), in the epoch
+// the object's VDI was created in (created: nobody had any write), and
+// in its version's epoch; a node that holds nothing passes version 0.
+// placed reports whether the node was placed for the object in epoch e;
+// known false (the epoch's placement is no longer known) ends a run,
+// which only makes the rank lower: ranks err low, never high. Its error
+// is returned as it is.
+func Rank(version, recovered, created, upTo uint64, placed func(e uint64) (ok, known bool, err error)) (uint64, error) {
+	verEpoch := version >> 32
+	best := verEpoch
+	for _, s := range []uint64{max(recovered, created), verEpoch} {
+		e, err := PlacedRun(s, upTo, placed)
+		if err != nil {
+			return 0, err
+		}
+		best = max(best, e)
+	}
+	return best, nil
+}
+
+// PlacedRun returns the last epoch of the unbroken run of epochs from s
+// up to upTo in which a node was placed for an object (placed, as for
+// Rank), and 0 when it was not placed in s, or s is 0 or above upTo.
+func PlacedRun(s, upTo uint64, placed func(e uint64) (ok, known bool, err error)) (uint64, error) {
+	if s == 0 || s > upTo {
+		return 0, nil
+	}
+	e := s - 1
+	for e < upTo {
+		ok, known, err := placed(e + 1)
+		if err != nil {
+			return 0, err
+		}
+		if !known || !ok {
+			break
+		}
+		e++
+	}
+	if e < s {
+		return 0, nil
+	}
+	return e, nil
 }
 
 // Placement is where one object was placed in one epoch, as Unfound

@@ -32,6 +32,10 @@ func TestDecide(t *testing.T) {
 		{"a copy of a lower rank lacks the version: not hidden (it is not served before it recovers)", []Copy{{Node: "c", Version: 3<<32 | 1, Rank: 4}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
 		{"a suspect copy of the best rank lacks the version: not hidden (it is repaired before it is served)", []Copy{{Node: "c", Version: 5<<32 | 1, Rank: 5, Suspect: true}, {Node: "b", Version: 5<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
 		{"every other copy has the version: not hidden", []Copy{{Node: "c", Version: 5<<32 | 2, Rank: 5}, {Node: "b", Version: 5<<32 | 2, Rank: 5}, {Node: "a", Version: 5<<32 | 1, Rank: 4}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 2}},
+		{"own is live: a higher version of its epoch lacks its writes in flight, kept", []Copy{{Node: "a", Version: 5<<32 | 3, Rank: 5, Live: true}, {Node: "b", Version: 5<<32 | 4, Rank: 5, Live: true}}, Step{Action: Keep, Version: 5<<32 | 3}},
+		{"own is live and the other copy holds nothing: kept", []Copy{{Node: "a", Version: 5<<32 | 1, Rank: 5, Live: true}, {Node: "b", Absent: true, Rank: 5}}, Step{Action: Keep, Version: 5<<32 | 1}},
+		{"own is live but suspect: pulled", []Copy{{Node: "a", Version: 5<<32 | 3, Rank: 5, Live: true, Suspect: true}, {Node: "b", Version: 5<<32 | 4, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 4}},
+		{"another copy is live, own took no write of the epoch: pulled", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 5}, {Node: "b", Version: 5<<32 | 1, Rank: 5, Live: true}}, Step{Action: Pull, Source: "b", Version: 5<<32 | 1}},
 		{"ties go to the lower ID", []Copy{{Node: "c", Version: 9}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
 		{"own is suspect", []Copy{{Node: "a", Version: 99, Suspect: true}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
 		{"a suspect source is never chosen over a good one", []Copy{{Node: "c", Version: 99, Suspect: true}, {Node: "b", Version: 9}}, Step{Action: Pull, Source: "b", Version: 9}},
@@ -177,20 +181,13 @@ func TestHistories(t *testing.T) {
 		}
 		hist[epoch] = place()
 		placedAt := func(e uint64, n string) bool { return slices.Contains(hist[e], n) }
-		// rank is cluster/node's: the copy's version epoch, or the end
-		// of the unbroken run of placed epochs from the node's last
-		// completed run (or from its copy's epoch).
+		// rank is cluster/node's, Rank, with the VDI made in epoch 1.
 		rank := func(n string, c *copyOf) uint64 {
-			r := c.version >> 32
-			for _, from := range []uint64{rec[n], c.version >> 32} {
-				if from == 0 || !placedAt(from, n) {
-					continue
-				}
-				e := from
-				for e < epoch && placedAt(e+1, n) {
-					e++
-				}
-				r = max(r, e)
+			r, err := Rank(c.version, rec[n], 1, epoch, func(e uint64) (bool, bool, error) {
+				return placedAt(e, n), true, nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
 			return r
 		}
@@ -458,5 +455,36 @@ func TestUnfound(t *testing.T) {
 	boom := fmt.Errorf("no epoch")
 	if _, err := Unfound(nil, func(string) bool { return false }, 1, 2, func(uint64) (Placement, error) { return Placement{}, boom }); err != boom {
 		t.Errorf("Unfound with a failing placement: err %v, want %v", err, boom)
+	}
+}
+
+// TestRank: a copy's rank is the end of the unbroken run of placed
+// epochs from its node's last completed run, the VDI's creation or its
+// version's epoch; an epoch whose placement is no longer known ends a
+// run; never below the version's epoch.
+func TestRank(t *testing.T) {
+	// The node is placed in epochs 2-4 and 6-9; epoch 8's placement is
+	// no longer known.
+	placed := func(e uint64) (bool, bool, error) {
+		return e >= 2 && e <= 4 || e >= 6 && e <= 9, e != 8, nil
+	}
+	for _, tc := range []struct {
+		name                              string
+		version, recovered, created, upTo uint64
+		want                              uint64
+	}{
+		{"from its last run to the gap", 0, 2, 1, 9, 4},
+		{"from the VDI's creation", 0, 0, 3, 9, 4},
+		{"from its version's epoch to the unknown epoch", 6 << 32, 0, 1, 9, 7},
+		{"the version's epoch, though not placed in it", 5<<32 | 3, 0, 1, 9, 5},
+		{"not placed where the run would start", 0, 5, 1, 9, 0},
+		{"a run from after upTo says nothing", 0, 10, 1, 9, 0},
+		{"nothing known", 0, 0, 0, 9, 0},
+		{"the best of both runs", 6 << 32, 2, 1, 7, 7},
+	} {
+		got, err := Rank(tc.version, tc.recovered, tc.created, tc.upTo, placed)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: Rank = %d, %v; want %d", tc.name, got, err, tc.want)
+		}
 	}
 }

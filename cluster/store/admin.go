@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
 )
 
 // takeExcl waits until no call uses o and makes the caller its only
@@ -81,7 +82,7 @@ func (s *Store) Remove(id object.ID, st Stamp) error {
 	if err := checkEpoch(fmt.Sprintf("object %s: remove", id), st); err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -144,7 +145,7 @@ func (s *Store) put(id object.ID, what string, version uint64, data []byte, tomb
 	if len(data) > MaxObjectSize {
 		return fmt.Errorf("store: object %s: %s of %d bytes: %w", id, what, len(data), ErrRange)
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -177,22 +178,23 @@ func (s *Store) put(id object.ID, what string, version uint64, data []byte, tomb
 func (s *Store) install(o *obj, what string, version uint64, data []byte, tomb bool) error {
 	id := o.id
 	tmp := filepath.Join(s.tmpDir, id.String())
-	if err := writeObject(tmp, id, version, data, tomb); err != nil {
-		os.Remove(tmp)
+	if err := writeObject(s.fs, tmp, id, version, data, tomb); err != nil {
+		s.fs.Remove(tmp)
 		return fmt.Errorf("store: object %s: %s: %w", id, what, noSpace(err))
 	}
 	s.fds.drop(id)
-	if err := os.Rename(tmp, o.path); err != nil {
-		os.Remove(tmp)
+	if err := s.fs.Rename(tmp, o.path); err != nil {
+		s.fs.Remove(tmp)
 		return fmt.Errorf("store: object %s: %s: %w", id, what, err)
 	}
-	if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+	if err := syncDir(s.fs, s.vdiDir(o.v.id)); err != nil {
 		return s.failed(o, fmt.Errorf("store: object %s: %s: %w", id, what, err))
 	}
 	o.mu.Lock()
 	o.exists, o.tomb, o.version, o.suspect = true, tomb, version, false
 	o.hdrDone, o.hdrTomb = version, tomb
 	o.syncedGen, o.createGen = o.dirtyGen, 0 // gens only rise: a Flush may hold an old one
+	o.resetSyncLocked()
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
@@ -231,7 +233,7 @@ func (s *Store) unlink(id object.ID, what string, syncVDI bool, want func(o *obj
 	if err := checkRange(id, 0, 0); err != nil {
 		return err
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -246,12 +248,12 @@ func (s *Store) unlink(id object.ID, what string, syncVDI bool, want func(o *obj
 		return nil
 	}
 	s.fds.drop(id)
-	if err := os.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := s.fs.Remove(o.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("store: object %s: %s: %w", id, what, err)
 	}
 	if syncVDI {
-		if _, err := os.Stat(s.vdiDir(o.v.id)); err == nil {
-			if err := syncDir(s.vdiDir(o.v.id)); err != nil {
+		if _, err := s.fs.Stat(s.vdiDir(o.v.id)); err == nil {
+			if err := syncDir(s.fs, s.vdiDir(o.v.id)); err != nil {
 				return s.failed(o, fmt.Errorf("store: object %s: %s: %w", id, what, err))
 			}
 		}
@@ -260,20 +262,21 @@ func (s *Store) unlink(id object.ID, what string, syncVDI bool, want func(o *obj
 	o.exists, o.tomb, o.version, o.suspect = false, false, 0, false
 	o.hdrDone, o.hdrTomb = 0, false
 	o.syncedGen, o.createGen = o.dirtyGen, 0
+	o.resetSyncLocked()
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
 }
 
-func writeObject(path string, id object.ID, version uint64, data []byte, removed bool) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
+func writeObject(fs vfs.FS, path string, id object.ID, version uint64, data []byte, removed bool) error {
+	fd, err := fs.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
+	defer fs.Close(fd)
 	var h [headerLen]byte
 	header{id: id, version: version, removed: removed}.encode(h[:])
-	if _, err := unix.Pwrite(fd, h[:], 0); err != nil {
+	if _, err := fs.Pwrite(fd, h[:], 0); err != nil {
 		return err
 	}
 	n := trimZeros(data)
@@ -284,17 +287,17 @@ func writeObject(path string, id object.ID, version uint64, data []byte, removed
 			continue
 		}
 		for done := 0; done < len(b); {
-			k, err := unix.Pwrite(fd, b[done:], HeaderSize+int64(off+done))
+			k, err := fs.Pwrite(fd, b[done:], HeaderSize+int64(off+done))
 			if err != nil {
 				return err
 			}
 			done += k
 		}
 	}
-	if err := unix.Ftruncate(fd, HeaderSize+int64(n)); err != nil {
+	if err := fs.Ftruncate(fd, HeaderSize+int64(n)); err != nil {
 		return err
 	}
-	return unix.Fdatasync(fd)
+	return fs.Fdatasync(fd)
 }
 
 func trimZeros(b []byte) int {
@@ -315,9 +318,12 @@ func allZero(b []byte) bool {
 }
 
 // ClearSuspect declares this node's copy of id good (recovery found it
-// equal to its peers'): it is synced and served again.
+// equal to its peers'): it is synced and served again. A copy whose
+// fdatasync failed is written anew instead, as Put would: its pages may
+// say what the disk no longer holds, and syncing them again proves
+// nothing.
 func (s *Store) ClearSuspect(id object.ID) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -326,8 +332,15 @@ func (s *Store) ClearSuspect(id object.ID) error {
 	s.takeExcl(o)
 	defer s.dropExcl(o)
 	o.mu.Lock()
-	exists := o.exists
+	exists, rewrite, ver, tomb := o.exists, o.syncFailed, o.version, o.tomb
 	o.mu.Unlock()
+	if exists && rewrite {
+		data, err := s.readCopy(o)
+		if err != nil {
+			return fmt.Errorf("store: object %s: clear suspect: %w", id, err)
+		}
+		return s.install(o, "clear suspect", ver, data, tomb)
+	}
 	if exists {
 		fd, err := s.fds.get(id, o.path, false)
 		if err != nil {
@@ -338,11 +351,11 @@ func (s *Store) ClearSuspect(id object.ID) error {
 		o.mu.Unlock()
 		err = s.writeHeader(a)
 		if err == nil {
-			err = fdatasync(fd.fd)
+			err = s.syncData(o, fd.fd)
 		}
 		s.fds.put(fd)
 		if err != nil {
-			return fmt.Errorf("store: object %s: fdatasync: %w", id, err)
+			return fmt.Errorf("store: object %s: %w", id, err)
 		}
 		o.mu.Lock()
 		o.syncedGen = o.dirtyGen
@@ -359,6 +372,32 @@ func (s *Store) ClearSuspect(id object.ID) error {
 	seq := s.forgetLocked(o)
 	o.mu.Unlock()
 	return s.forgetWait(o, seq)
+}
+
+// readCopy returns the bytes of o's copy, as the page cache holds them.
+// The caller holds excl.
+func (s *Store) readCopy(o *obj) ([]byte, error) {
+	fd, err := s.fds.get(o.id, o.path, false)
+	if err != nil {
+		return nil, err
+	}
+	defer s.fds.put(fd)
+	st, err := s.fs.Fstat(fd.fd)
+	if err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	data := make([]byte, min(max(st.Size-HeaderSize, 0), MaxObjectSize))
+	for done := 0; done < len(data); {
+		n, err := s.fs.Pread(fd.fd, data[done:], HeaderSize+int64(done))
+		if err != nil {
+			return nil, fmt.Errorf("read at %d: %w", done, err)
+		}
+		if n == 0 {
+			break
+		}
+		done += n
+	}
+	return data, nil
 }
 
 // Checksum returns the CRC32C of object id's content with its trailing
@@ -381,7 +420,7 @@ func (s *Store) Checksum(id object.ID) (crc uint32, version uint64, err error) {
 	var zeros int64 // zeros seen but not yet fed: they may be trailing
 	for off := int64(HeaderSize); ; {
 		o.data.RLock()
-		n, err := unix.Pread(a.fd.fd, buf, off)
+		n, err := s.fs.Pread(a.fd.fd, buf, off)
 		o.data.RUnlock()
 		if err != nil {
 			return 0, 0, fmt.Errorf("store: object %s: checksum: read at %d: %w", id, off-HeaderSize, err)
@@ -438,8 +477,7 @@ func (s *Store) Stat(id object.ID) (Info, error) {
 	if !exists && !info.Suspect {
 		return Info{}, fmt.Errorf("store: object %s: %w", id, ErrNotFound)
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(o.path, &st); err == nil {
+	if st, err := s.fs.Stat(o.path); err == nil {
 		info.Allocated = st.Blocks * 512
 	}
 	return info, nil
@@ -475,12 +513,12 @@ func (s *Store) listIDs(vdi object.VDI) ([]object.ID, error) {
 	if vdi != 0 {
 		vdis = []object.VDI{vdi}
 	} else {
-		ents, err := os.ReadDir(s.objDir)
+		names, err := s.fs.ReadDir(s.objDir)
 		if err != nil {
 			return nil, fmt.Errorf("store: list: %w", err)
 		}
-		for _, e := range ents {
-			if v, err := strconv.ParseUint(e.Name(), 16, 32); err == nil && len(e.Name()) == 8 {
+		for _, name := range names {
+			if v, err := strconv.ParseUint(name, 16, 32); err == nil && len(name) == 8 {
 				vdis = append(vdis, object.VDI(v))
 			}
 		}
@@ -488,15 +526,15 @@ func (s *Store) listIDs(vdi object.VDI) ([]object.ID, error) {
 	seen := map[object.ID]bool{}
 	var ids []object.ID
 	for _, v := range vdis {
-		ents, err := os.ReadDir(s.vdiDir(v))
+		names, err := s.fs.ReadDir(s.vdiDir(v))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("store: list vdi %08x: %w", uint32(v), err)
 		}
-		for _, e := range ents {
-			if x, err := strconv.ParseUint(e.Name(), 16, 32); err == nil && len(e.Name()) == 8 {
+		for _, name := range names {
+			if x, err := strconv.ParseUint(name, 16, 32); err == nil && len(name) == 8 {
 				id := object.Make(v, uint32(x))
 				seen[id] = true
 				ids = append(ids, id)
@@ -539,8 +577,8 @@ func (s *Store) Usage() (Usage, error) {
 		u.Objects++
 		u.Allocated += in.Allocated
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.objDir, &st); err != nil {
+	st, err := s.fs.Statfs(s.objDir)
+	if err != nil {
 		return Usage{}, fmt.Errorf("store: statfs: %w", err)
 	}
 	u.Free = int64(st.Bavail) * int64(st.Bsize)
@@ -557,7 +595,7 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 	if vdi == 0 {
 		return fmt.Errorf("store: remove vdi: vdi 0 is no VDI: %w", ErrRange)
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -586,16 +624,16 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 		s.fds.drop(o.id)
 	}
 	gone := filepath.Join(s.tmpDir, fmt.Sprintf("vdi-%08x", uint32(vdi)))
-	err = os.Rename(s.vdiDir(vdi), gone)
+	err = s.fs.Rename(s.vdiDir(vdi), gone)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
 	default:
-		if err := syncDir(s.objDir); err != nil {
+		if err := syncDir(s.fs, s.objDir); err != nil {
 			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
 		}
-		if err := syncDir(s.tmpDir); err != nil {
+		if err := syncDir(s.fs, s.tmpDir); err != nil {
 			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
 		}
 	}
@@ -607,6 +645,7 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 		o.mu.Lock()
 		o.exists, o.tomb, o.version, o.hdrDone, o.hdrTomb, o.suspect = false, false, 0, 0, false, false
 		o.syncedGen, o.createGen = o.dirtyGen, 0
+		o.resetSyncLocked()
 		if q := s.forgetLocked(o); q > 0 {
 			seq = q
 		}
@@ -620,7 +659,7 @@ func (s *Store) RemoveVDI(vdi object.VDI, token uint64) error {
 			return fmt.Errorf("store: remove vdi %08x: %w", uint32(vdi), err)
 		}
 	}
-	if err := os.RemoveAll(gone); err != nil {
+	if err := s.fs.RemoveAll(gone); err != nil {
 		s.log.Warn("store: removed vdi left files", "vdi", uint32(vdi), "err", err) // Open removes them
 	}
 	return nil

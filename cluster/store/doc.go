@@ -2,9 +2,10 @@
 // bytes, their versions, the tombstones of removed ones, and each VDI's
 // highest fencing token.
 //
-// It imports only the standard library, golang.org/x/sys/unix and
-// cluster/object: no network, no etcd. The node server calls it; the
-// layout, the protocol and measurements are in docs/store.md.
+// It imports only the standard library, golang.org/x/sys/unix,
+// cluster/object and its own file system seam, cluster/store/vfs: no
+// network, no etcd. The node server calls it; the layout, the protocol,
+// the fault tests and measurements are in docs/store.md.
 //
 // Files, by concern:
 //
@@ -19,6 +20,11 @@
 //   - header.go: the object file header
 //   - journal.go: the dirty journal, with group commit and compaction
 //   - fdcache.go: the LRU of open object files
+//   - sys.go: whole-file read, write-and-fsync and directory fsync over
+//     the seam
+//   - vfs/: the seam, vfs.FS (Options.FS; vfs.Default is the OS, one
+//     direct call per method); vfs/errorfs fails the operations its
+//     rules match, for the fault tests (fault_test.go, faultmodel_test.go)
 //
 // Layout: dir/objects/<vdi, 8 hex digits>/<index, 8 hex digits> is one
 // sparse file per object, a 4 KiB header (magic, flags, id, version,
@@ -73,6 +79,15 @@
 //  8. A read sees each mutation of the range it reads whole or not at
 //     all: a mutation's I/O on the file and a read's pread exclude each
 //     other (obj.data), so a 4 KiB-aligned write is atomic to readers.
+//  9. A failed fdatasync is never outlived by a success: the kernel may
+//     have dropped the pages and reports the error once. The copy is
+//     suspect, and every later fdatasync of its file fails (so no Flush
+//     of its VDI succeeds while it holds unsynced acknowledged writes)
+//     until Put, Replace, PutTombstone, Remove, Drop or RemoveVDI
+//     replaces the file, or ClearSuspect writes it anew; a sync succeeds
+//     only once every sync of the file begun before it returned has
+//     succeeded. After the journal's fdatasync fails, every mutating call,
+//     Fence and Flush fail (Err), and Close leaves no clean marker.
 //
 // Token rule: every mutating call carries the writer's token in its
 // Stamp. Token 0 is accepted only while the VDI never saw another; a

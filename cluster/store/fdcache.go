@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
 )
 
 // fdcache keeps at most max object files open, least recently used
@@ -15,6 +16,7 @@ import (
 //
 // Locking: mu is a leaf lock, never held across open or close.
 type fdcache struct {
+	fs  vfs.FS
 	max int
 
 	mu  sync.Mutex
@@ -30,8 +32,8 @@ type fdEntry struct {
 	dead bool // dropped from the cache; closed when refs reaches 0
 }
 
-func newFDCache(max int) *fdcache {
-	return &fdcache{max: max, m: map[object.ID]*fdEntry{}}
+func newFDCache(fs vfs.FS, max int) *fdcache {
+	return &fdcache{fs: fs, max: max, m: map[object.ID]*fdEntry{}}
 }
 
 // get returns a referenced fd for id's file at path, opening it (with
@@ -49,7 +51,7 @@ func (c *fdcache) get(id object.ID, path string, create bool) (*fdEntry, error) 
 	if create {
 		flags |= unix.O_CREAT
 	}
-	fd, err := unix.Open(path, flags, 0o644)
+	fd, err := c.fs.Open(path, flags, 0o644)
 	if err != nil {
 		return nil, err
 	}
@@ -58,7 +60,7 @@ func (c *fdcache) get(id object.ID, path string, create bool) (*fdEntry, error) 
 		e.refs++
 		c.lru.MoveToFront(e.elem)
 		c.mu.Unlock()
-		unix.Close(fd)
+		c.fs.Close(fd)
 		return e, nil
 	}
 	e := &fdEntry{id: id, fd: fd, refs: 1}
@@ -66,7 +68,7 @@ func (c *fdcache) get(id object.ID, path string, create bool) (*fdEntry, error) 
 	c.m[id] = e
 	evict := c.evictLocked()
 	c.mu.Unlock()
-	closeAll(evict)
+	c.closeFDs(evict)
 	return e, nil
 }
 
@@ -96,7 +98,7 @@ func (c *fdcache) put(e *fdEntry) {
 		evict = c.evictLocked()
 	}
 	c.mu.Unlock()
-	closeAll(evict)
+	c.closeFDs(evict)
 }
 
 // drop forgets id's fd (its file is being replaced or removed); it is
@@ -114,7 +116,7 @@ func (c *fdcache) drop(id object.ID) {
 		}
 	}
 	c.mu.Unlock()
-	closeAll(evict)
+	c.closeFDs(evict)
 }
 
 // closeAll closes every cached fd; callers make sure none is in use.
@@ -127,11 +129,11 @@ func (c *fdcache) closeAll() {
 	c.m = map[object.ID]*fdEntry{}
 	c.lru.Init()
 	c.mu.Unlock()
-	closeAll(fds)
+	c.closeFDs(fds)
 }
 
-func closeAll(fds []int) {
+func (c *fdcache) closeFDs(fds []int) {
 	for _, fd := range fds {
-		unix.Close(fd)
+		c.fs.Close(fd)
 	}
 }

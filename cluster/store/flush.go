@@ -14,7 +14,7 @@ import (
 // it leaves clean are then cleared from the dirty journal, so that a
 // crash no longer makes them suspect. vdi 0 flushes every VDI.
 func (s *Store) Flush(vdi object.VDI) error {
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -170,8 +170,8 @@ func (s *Store) syncFile(o *obj) error {
 	if err := s.writeHeader(a); err != nil { // plain writes leave it to Flush
 		return s.failed(o, fmt.Errorf("store: flush: %w", err))
 	}
-	if err := fdatasync(fd.fd); err != nil {
-		return s.failed(o, fmt.Errorf("store: flush: object %s: fdatasync: %w", o.id, err))
+	if err := s.syncData(o, fd.fd); err != nil {
+		return s.failed(o, fmt.Errorf("store: flush: object %s: %w", o.id, err))
 	}
 	return nil
 }

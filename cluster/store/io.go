@@ -69,7 +69,7 @@ func (s *Store) read(id object.ID, p []byte, off int64, mode beginMode) (version
 	o.data.RLock()
 	defer o.data.RUnlock()
 	for done := 0; done < len(p); {
-		n, err := unix.Pread(a.fd.fd, p[done:], HeaderSize+off+int64(done))
+		n, err := s.fs.Pread(a.fd.fd, p[done:], HeaderSize+off+int64(done))
 		if err != nil {
 			return 0, fmt.Errorf("store: object %s: read at %d: %w", id, off+int64(done), err)
 		}
@@ -92,7 +92,7 @@ func (s *Store) mutate(id object.ID, st Stamp, off, n int64, sync, allocates boo
 	if err := checkEpoch(fmt.Sprintf("object %s", id), st); err != nil {
 		return 0, err
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return 0, err
 	}
 	defer s.ops.Done()
@@ -145,8 +145,8 @@ func (s *Store) syncObject(a *access) error {
 	o.mu.Lock()
 	gen, created := o.dirtyGen, o.createGen
 	o.mu.Unlock()
-	if err := unix.Fdatasync(a.fd.fd); err != nil {
-		return fmt.Errorf("store: object %s: fdatasync: %w", o.id, err)
+	if err := s.syncData(o, a.fd.fd); err != nil {
+		return fmt.Errorf("store: object %s: %w", o.id, err)
 	}
 	if err := s.syncVDIDir(o.v, created); err != nil {
 		return err
@@ -166,9 +166,19 @@ func (s *Store) syncObject(a *access) error {
 // not fill a disk past its reserve with copies it pulls.
 func (s *Store) CheckSpace(n int64) error { return s.checkSpace(n) }
 
+// Space returns the bytes free on the store's file system, as writes
+// see them, and Options.Reserve.
+func (s *Store) Space() (free, reserve int64, err error) {
+	st, err := s.fs.Statfs(s.objDir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: statfs: %w", err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), s.opts.Reserve, nil
+}
+
 func (s *Store) checkSpace(n int64) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(s.objDir, &st); err != nil {
+	st, err := s.fs.Statfs(s.objDir)
+	if err != nil {
 		return fmt.Errorf("statfs: %w", err)
 	}
 	free := int64(st.Bavail) * int64(st.Bsize)
@@ -188,7 +198,7 @@ func (s *Store) checkSpace(n int64) error {
 func (s *Store) WriteAt(id object.ID, st Stamp, p []byte, off int64, sync bool) (version uint64, err error) {
 	return s.mutate(id, st, off, int64(len(p)), sync, true, func(fd int) error {
 		for done := 0; done < len(p); {
-			n, err := unix.Pwrite(fd, p[done:], HeaderSize+off+int64(done))
+			n, err := s.fs.Pwrite(fd, p[done:], HeaderSize+off+int64(done))
 			if err != nil {
 				return fmt.Errorf("write: %w", err)
 			}
@@ -208,11 +218,11 @@ func (s *Store) WriteZeroes(id object.ID, st Stamp, off, n int64, allocate, sync
 			return nil
 		}
 		if !allocate {
-			return punch(fd, HeaderSize+off, n)
+			return s.punch(fd, HeaderSize+off, n)
 		}
-		err := unix.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE, HeaderSize+off, n)
+		err := s.fs.Fallocate(fd, unix.FALLOC_FL_ZERO_RANGE, HeaderSize+off, n)
 		if errors.Is(err, unix.EOPNOTSUPP) {
-			return writeZeros(fd, HeaderSize+off, n)
+			return s.writeZeros(fd, HeaderSize+off, n)
 		}
 		if err != nil {
 			return fmt.Errorf("zero range: %w", err)
@@ -229,18 +239,18 @@ func (s *Store) Discard(id object.ID, st Stamp, off, n int64, sync bool) (uint64
 
 // punch deallocates [off, off+n) of the file, clipped to its size, so
 // that the file's size never grows.
-func punch(fd int, off, n int64) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+func (s *Store) punch(fd int, off, n int64) error {
+	st, err := s.fs.Fstat(fd)
+	if err != nil {
 		return fmt.Errorf("fstat: %w", err)
 	}
 	if off >= st.Size {
 		return nil
 	}
 	n = min(n, st.Size-off)
-	err := unix.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	err = s.fs.Fallocate(fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
 	if errors.Is(err, unix.EOPNOTSUPP) {
-		return writeZeros(fd, off, n)
+		return s.writeZeros(fd, off, n)
 	}
 	if err != nil {
 		return fmt.Errorf("punch hole: %w", err)
@@ -250,9 +260,9 @@ func punch(fd int, off, n int64) error {
 
 var zeroBuf [1 << 16]byte
 
-func writeZeros(fd int, off, n int64) error {
+func (s *Store) writeZeros(fd int, off, n int64) error {
 	for n > 0 {
-		k, err := unix.Pwrite(fd, zeroBuf[:min(n, int64(len(zeroBuf)))], off)
+		k, err := s.fs.Pwrite(fd, zeroBuf[:min(n, int64(len(zeroBuf)))], off)
 		if err != nil {
 			return fmt.Errorf("write zeros: %w", err)
 		}
@@ -301,7 +311,7 @@ func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, err
 	fd := a.fd.fd
 	end := off + n
 	for pos := off; pos < end; {
-		d, err := unix.Seek(fd, HeaderSize+pos, unix.SEEK_DATA)
+		d, err := s.fs.Seek(fd, HeaderSize+pos, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) { // no data after pos
 			add(Extent{Offset: pos, Length: end - pos, Hole: true})
 			break
@@ -316,7 +326,7 @@ func (s *Store) Extents(id object.ID, off, n int64, dst []Extent) ([]Extent, err
 			pos = h
 			continue
 		}
-		h, err := unix.Seek(fd, HeaderSize+pos, unix.SEEK_HOLE)
+		h, err := s.fs.Seek(fd, HeaderSize+pos, unix.SEEK_HOLE)
 		if err != nil {
 			return dst, fmt.Errorf("store: object %s: seek hole at %d: %w", id, pos, err)
 		}

@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
 )
 
 // The journal is an append-only file of fixed-size records:
@@ -126,18 +128,20 @@ func (l liveState) encode() []byte {
 // (busy) touches. mu is a leaf: it is taken under obj.mu, never the other
 // way round, and it is never held across I/O.
 type journal struct {
+	fs        vfs.FS
 	path, dir string
 
 	mu     sync.Mutex
 	cond   sync.Cond
 	live   liveState
-	fd     int    // only the leader (busy) uses it
-	size   int64  // bytes in the file; only the leader changes it
-	buf    []byte // records enqueued since the last batch was taken
-	gen    uint64 // batches taken
-	synced uint64 // batches durable
-	busy   bool   // a leader is writing a batch
-	err    error  // sticky: after a failed fdatasync nothing is known
+	fd     int         // only the leader (busy) uses it
+	size   int64       // bytes in the file; only the leader changes it
+	buf    []byte      // records enqueued since the last batch was taken
+	gen    uint64      // batches taken
+	synced uint64      // batches durable
+	busy   bool        // a leader is writing a batch
+	err    error       // sticky: after a failed fdatasync nothing is known
+	broken atomic.Bool // err is set; read without mu on every mutating call
 	// failed holds the batches ENOSPC cut off: a later batch's success
 	// says nothing of them.
 	failed map[uint64]error
@@ -145,21 +149,21 @@ type journal struct {
 
 // openJournal replays the journal at path, truncates a torn tail and
 // returns it ready for appends.
-func openJournal(dir string) (*journal, error) {
-	j := &journal{path: filepath.Join(dir, "journal"), dir: dir, live: newLiveState()}
+func openJournal(fs vfs.FS, dir string) (*journal, error) {
+	j := &journal{fs: fs, path: filepath.Join(dir, "journal"), dir: dir, live: newLiveState()}
 	j.cond.L = &j.mu
-	b, err := os.ReadFile(j.path)
+	b, err := readFile(fs, j.path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("store: journal: %w", err)
 	}
 	n := replay(b, j.live)
-	fd, err := unix.Open(j.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	fd, err := fs.Open(j.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("store: journal: open: %w", err)
 	}
 	if n != len(b) {
-		if err := unix.Ftruncate(fd, int64(n)); err != nil {
-			unix.Close(fd)
+		if err := fs.Ftruncate(fd, int64(n)); err != nil {
+			fs.Close(fd)
 			return nil, fmt.Errorf("store: journal: truncate torn tail at %d: %w", n, err)
 		}
 	}
@@ -231,12 +235,23 @@ func (j *journal) wait(seq uint64) error {
 			continue
 		case err != nil:
 			j.err = fmt.Errorf("store: journal: %w", err)
+			j.broken.Store(true)
 		default:
 			j.synced = g
 		}
 		j.cond.Broadcast()
 	}
 	return nil
+}
+
+// failure returns the sticky error, nil while the journal works.
+func (j *journal) failure() error {
+	if !j.broken.Load() {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.err
 }
 
 // sync makes everything enqueued so far durable.
@@ -252,11 +267,11 @@ func (j *journal) sync() error {
 
 func (j *journal) append(b []byte) error {
 	for done := 0; done < len(b); {
-		n, err := unix.Pwrite(j.fd, b[done:], j.size+int64(done))
+		n, err := j.fs.Pwrite(j.fd, b[done:], j.size+int64(done))
 		if errors.Is(err, unix.ENOSPC) {
 			// Cut off the partial batch so that the next one does not
 			// follow a torn record.
-			if terr := unix.Ftruncate(j.fd, j.size); terr != nil {
+			if terr := j.fs.Ftruncate(j.fd, j.size); terr != nil {
 				return fmt.Errorf("append at %d: %w; truncate: %w", j.size, err, terr)
 			}
 			return fmt.Errorf("append at %d: %w: %w", j.size, ErrNoSpace, err)
@@ -267,7 +282,7 @@ func (j *journal) append(b []byte) error {
 		done += n
 	}
 	j.size += int64(len(b))
-	if err := unix.Fdatasync(j.fd); err != nil {
+	if err := j.fs.Fdatasync(j.fd); err != nil {
 		return fmt.Errorf("fdatasync: %w", err)
 	}
 	return nil
@@ -277,21 +292,21 @@ func (j *journal) append(b []byte) error {
 // rename, directory fsync.
 func (j *journal) rewrite(snap []byte) error {
 	tmp := j.path + ".tmp"
-	if err := writeFileSync(tmp, snap); err != nil {
-		os.Remove(tmp)
+	if err := writeFileSync(j.fs, tmp, snap); err != nil {
+		j.fs.Remove(tmp)
 		return noSpace(err) // the journal itself is untouched
 	}
-	if err := os.Rename(tmp, j.path); err != nil {
+	if err := j.fs.Rename(tmp, j.path); err != nil {
 		return fmt.Errorf("rename: %w", err)
 	}
-	if err := syncDir(j.dir); err != nil {
+	if err := syncDir(j.fs, j.dir); err != nil {
 		return err
 	}
-	fd, err := unix.Open(j.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	fd, err := j.fs.Open(j.path, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("reopen: %w", err)
 	}
-	unix.Close(j.fd)
+	j.fs.Close(j.fd)
 	j.fd, j.size = fd, int64(len(snap))
 	return nil
 }
@@ -307,36 +322,5 @@ func (j *journal) compact() error {
 }
 
 func (j *journal) close() error {
-	return unix.Close(j.fd)
-}
-
-func writeFileSync(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open dir %s: %w", dir, err)
-	}
-	err = unix.Fsync(fd)
-	unix.Close(fd)
-	if err != nil {
-		return fmt.Errorf("fsync dir %s: %w", dir, err)
-	}
-	return nil
+	return j.fs.Close(j.fd)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
 )
 
 // The journal stays small under churn (compaction), and a torn tail is
@@ -66,7 +67,7 @@ func TestJournalCompactionAndTornTail(t *testing.T) {
 // A batch that ENOSPC cut off fails for every caller in it, even after a
 // later batch succeeds, and the journal goes on.
 func TestJournalNoSpaceBatch(t *testing.T) {
-	j, err := openJournal(t.TempDir())
+	j, err := openJournal(vfs.Default, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -41,9 +42,22 @@ type obj struct {
 	createGen uint64 // vdiState.dirGen when the file was created
 	dirtyGen  uint64 // bumped by every acknowledged unsynced mutation
 	syncedGen uint64 // dirtyGen covered by an fdatasync
-	hdrBusy   bool   // one caller writes the header
-	hdrDone   uint64 // version in the header (page cache)
-	hdrTomb   bool   // the header (page cache) says removed
+	// An fdatasync that succeeds proves nothing when another of the file
+	// failed: Linux reports a writeback error once, to whichever sync of
+	// the shared fd sees it first, and may have dropped the pages. So a
+	// failure sticks (syncFailed, until the file is replaced), and a
+	// success counts only once every sync begun before it returned has
+	// said how it went (syncing: the tickets of those in progress).
+	syncTicket uint64
+	syncing    []uint64
+	syncFailed bool
+	hdrBusy    bool   // one caller writes the header
+	hdrDone    uint64 // version in the header (page cache)
+	hdrTomb    bool   // the header (page cache) says removed
+	// hdrBuf is the header writeHeader encodes, used only by the caller
+	// that set hdrBusy: a buffer passed through the vfs.FS interface
+	// escapes, and one per write would be an allocation per write.
+	hdrBuf [headerLen]byte
 
 	// data orders the copy's data I/O: a mutation's I/O on the file
 	// holds it, a read's pread shares it, so that a read sees each write
@@ -80,16 +94,16 @@ func (s *Store) loadLocked(o *obj) {
 }
 
 func (s *Store) readHeader(o *obj) (exists bool, h header, err error) {
-	fd, err := unix.Open(o.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := s.fs.Open(o.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return false, header{}, nil
 	}
 	if err != nil {
 		return false, header{}, fmt.Errorf("open: %w", err)
 	}
-	defer unix.Close(fd)
+	defer s.fs.Close(fd)
 	var b [headerLen]byte
-	n, err := unix.Pread(fd, b[:], 0)
+	n, err := s.fs.Pread(fd, b[:], 0)
 	if err != nil {
 		return true, header{}, fmt.Errorf("read header: %w", err)
 	}
@@ -166,8 +180,14 @@ func (s *Store) begin(o *obj, mode beginMode, epoch uint64) (*access, error) {
 	o.mu.Unlock()
 	fd, err := s.fds.get(o.id, o.path, false)
 	if err != nil {
+		err = fmt.Errorf("store: object %s: open: %w", o.id, err)
+		if mutate {
+			// The version is handed out, and the file may be new: the
+			// copy is neither as before nor as after the write.
+			err = s.failed(o, err)
+		}
 		s.end(a)
-		return nil, fmt.Errorf("store: object %s: open: %w", o.id, err)
+		return nil, err
 	}
 	a.fd = fd
 	return a, nil
@@ -186,12 +206,12 @@ func (s *Store) prepLocked(o *obj) error {
 		seq = s.j.enqueue(record{key: uint64(o.id), op: recDirty})
 	}
 	o.mu.Unlock()
-	createGen, err := s.prepIO(o, needJ, needC, needT, seq)
+	createGen, journaled, err := s.prepIO(o, needJ, needC, needT, seq)
 	o.mu.Lock()
 	o.prepping = false
 	o.cond.Broadcast()
-	if needJ && (err == nil || needT) {
-		o.journaled = true // the record is durable even if the truncate failed
+	if journaled {
+		o.journaled = true // the record is durable even if the rest failed
 	}
 	if err != nil {
 		return err
@@ -207,21 +227,30 @@ func (s *Store) prepLocked(o *obj) error {
 	return nil
 }
 
-// prepIO does prepLocked's I/O and returns, for a created file, the
-// VDI's directory generation that covers it.
-func (s *Store) prepIO(o *obj, needJ, needC, needT bool, seq uint64) (uint64, error) {
+// prepIO does prepLocked's I/O. It returns, for a created file, the
+// VDI's directory generation that covers it, and whether it made the
+// dirty record durable (even when a later step failed).
+func (s *Store) prepIO(o *obj, needJ, needC, needT bool, seq uint64) (gen uint64, journaled bool, err error) {
 	if needJ {
+		// A record cut off (ENOSPC) leaves o unjournaled: the next write
+		// enqueues it again.
 		if err := s.j.wait(seq); err != nil {
-			return 0, fmt.Errorf("store: object %s: %w", o.id, err)
+			return 0, false, fmt.Errorf("store: object %s: %w", o.id, err)
 		}
 		o.v.mu.Lock()
 		o.v.journaled[o.id] = o
 		o.v.mu.Unlock()
 	}
+	gen, err = s.prepFile(o, needC, needT)
+	return gen, needJ, err
+}
+
+// prepFile creates o's file, or truncates a tombstone's to the header.
+func (s *Store) prepFile(o *obj, needC, needT bool) (uint64, error) {
 	if needT {
 		// A tombstone holds no data (Remove writes it header-only); the
 		// truncate is for a file whose creator crashed before it was.
-		if err := unix.Truncate(o.path, HeaderSize); err != nil {
+		if err := s.fs.Truncate(o.path, HeaderSize); err != nil {
 			return 0, fmt.Errorf("store: object %s: recreate: %w", o.id, err)
 		}
 	}
@@ -231,18 +260,18 @@ func (s *Store) prepIO(o *obj, needJ, needC, needT bool, seq uint64) (uint64, er
 	if err := s.ensureVDIDir(o.v); err != nil {
 		return 0, err
 	}
-	fd, err := unix.Open(o.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	fd, err := s.fs.Open(o.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return 0, fmt.Errorf("store: object %s: create: %w", o.id, noSpace(err))
 	}
-	defer unix.Close(fd)
+	defer s.fs.Close(fd)
 	o.v.mu.Lock()
 	o.v.dirGen++
 	gen := o.v.dirGen
 	o.v.mu.Unlock()
 	var b [headerLen]byte
 	header{id: o.id}.encode(b[:])
-	if _, err := unix.Pwrite(fd, b[:], 0); err != nil {
+	if _, err := s.fs.Pwrite(fd, b[:], 0); err != nil {
 		return 0, fmt.Errorf("store: object %s: create: %w", o.id, noSpace(err))
 	}
 	return gen, nil
@@ -278,9 +307,9 @@ func (s *Store) writeHeader(a *access) error {
 		o.hdrBusy = true
 		w, tomb := o.version, o.tomb
 		o.mu.Unlock()
-		var b [headerLen]byte
-		header{id: o.id, version: w, removed: tomb}.encode(b[:])
-		_, err := unix.Pwrite(a.fd.fd, b[:], 0)
+		b := o.hdrBuf[:]
+		header{id: o.id, version: w, removed: tomb}.encode(b)
+		_, err := s.fs.Pwrite(a.fd.fd, b, 0)
 		o.mu.Lock()
 		o.hdrBusy = false
 		o.cond.Broadcast()
@@ -293,6 +322,39 @@ func (s *Store) writeHeader(a *access) error {
 	}
 	return nil
 }
+
+// syncData fdatasyncs o's file through fd. It fails when that or any
+// fdatasync of the file begun before it returned failed, since the file
+// was last replaced: the writes it was to make durable may be lost.
+func (s *Store) syncData(o *obj, fd int) error {
+	o.mu.Lock()
+	o.syncTicket++
+	t := o.syncTicket
+	o.syncing = append(o.syncing, t)
+	o.mu.Unlock()
+	err := s.fs.Fdatasync(fd)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	i := slices.Index(o.syncing, t)
+	o.syncing[i] = o.syncing[len(o.syncing)-1]
+	o.syncing = o.syncing[:len(o.syncing)-1]
+	o.cond.Broadcast()
+	if err != nil {
+		o.syncFailed = true
+		return fmt.Errorf("fdatasync: %w", err)
+	}
+	for end := o.syncTicket; !o.syncFailed && slices.ContainsFunc(o.syncing, func(u uint64) bool { return u < end }); {
+		o.cond.Wait()
+	}
+	if o.syncFailed {
+		return fmt.Errorf("fdatasync: an earlier one of this file failed: %w", ErrSuspect)
+	}
+	return nil
+}
+
+// resetSyncLocked forgets a failed fdatasync: o's file was replaced or
+// deleted. Called with o.mu held.
+func (o *obj) resetSyncLocked() { o.syncFailed = false }
 
 // failed marks o suspect after an I/O error left its copy unknown.
 func (s *Store) failed(o *obj, err error) error {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/store/vfs"
 )
 
 // MaxObjectSize is the largest object a Store holds; offsets and
@@ -30,6 +31,10 @@ type Options struct {
 	Reserve int64
 	// Logger receives the store's few log lines. nil means slog.Default().
 	Logger *slog.Logger
+	// FS is the file system every file operation of the store goes
+	// through: tests put a fault-injecting one (vfs/errorfs) here. nil
+	// means vfs.Default, the operating system's.
+	FS vfs.FS
 }
 
 // Validate reports an option out of range.
@@ -54,6 +59,7 @@ type Store struct {
 	dir, objDir, tmpDir string
 	opts                Options
 	log                 *slog.Logger
+	fs                  vfs.FS
 	j                   *journal
 	fds                 *fdcache
 	lockFD              int
@@ -79,9 +85,12 @@ func Open(dir string, o Options) (*Store, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.FS == nil {
+		o.FS = vfs.Default
+	}
 	s := &Store{
 		dir: dir, objDir: filepath.Join(dir, "objects"), tmpDir: filepath.Join(dir, "tmp"),
-		opts: o, log: o.Logger, fds: newFDCache(o.MaxOpenFiles), lockFD: -1,
+		opts: o, log: o.Logger, fs: o.FS, fds: newFDCache(o.FS, o.MaxOpenFiles), lockFD: -1,
 		objs: map[object.ID]*obj{}, vdis: map[object.VDI]*vdiState{},
 	}
 	if err := s.open(); err != nil {
@@ -89,7 +98,7 @@ func Open(dir string, o Options) (*Store, error) {
 			s.j.close()
 		}
 		if s.lockFD >= 0 {
-			unix.Close(s.lockFD)
+			s.fs.Close(s.lockFD)
 		}
 		return nil, err
 	}
@@ -98,27 +107,27 @@ func Open(dir string, o Options) (*Store, error) {
 
 func (s *Store) open() error {
 	for _, d := range []string{s.dir, s.objDir, s.tmpDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := s.fs.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
-	fd, err := unix.Open(filepath.Join(s.dir, "LOCK"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
+	fd, err := s.fs.Open(filepath.Join(s.dir, "LOCK"), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return fmt.Errorf("store: lock file: %w", err)
 	}
 	s.lockFD = fd
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := s.fs.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return fmt.Errorf("store: %s is in use by another store: %w", s.dir, err)
 	}
 	// Leftovers of a Put that crashed: leaked space only.
-	if ents, err := os.ReadDir(s.tmpDir); err == nil {
-		for _, e := range ents {
-			os.RemoveAll(filepath.Join(s.tmpDir, e.Name()))
+	if names, err := s.fs.ReadDir(s.tmpDir); err == nil {
+		for _, name := range names {
+			s.fs.RemoveAll(filepath.Join(s.tmpDir, name))
 		}
 	}
 	formatPath := filepath.Join(s.dir, "FORMAT")
 	cleanPath := filepath.Join(s.dir, "CLEAN")
-	format, err := os.ReadFile(formatPath)
+	format, err := readFile(s.fs, formatPath)
 	fresh := errors.Is(err, os.ErrNotExist)
 	switch {
 	case fresh:
@@ -127,9 +136,9 @@ func (s *Store) open() error {
 	case string(format) != formatText:
 		return fmt.Errorf("store: %s: format %q, want %q: %w", formatPath, format, formatText, ErrCorrupt)
 	}
-	_, err = os.Stat(cleanPath)
+	_, err = s.fs.Stat(cleanPath)
 	clean := err == nil
-	if s.j, err = openJournal(s.dir); err != nil {
+	if s.j, err = openJournal(s.fs, s.dir); err != nil {
 		return err
 	}
 	suspects := 0
@@ -151,23 +160,38 @@ func (s *Store) open() error {
 		return fmt.Errorf("store: journal: %w", err)
 	}
 	if fresh {
-		if err := writeFileSync(formatPath, []byte(formatText)); err != nil {
+		if err := writeFileSync(s.fs, formatPath, []byte(formatText)); err != nil {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
 	if clean {
-		if err := os.Remove(cleanPath); err != nil {
+		if err := s.fs.Remove(cleanPath); err != nil {
 			return fmt.Errorf("store: clean marker: %w", err)
 		}
 	}
 	// The marker's removal must be durable before the first write.
-	return syncDir(s.dir)
+	return syncDir(s.fs, s.dir)
 }
 
-// Close makes every write durable, writes the clean-shutdown marker and
-// releases the directory. Calls in progress finish first; later calls
-// get ErrClosed, and so does a second Close.
-func (s *Store) Close() error {
+// Crash closes the store as a killed process leaves it: nothing is
+// flushed or synced, no clean marker is written, and the next Open
+// recovers as after a crash (the journal's dirty objects are suspect).
+// What the file system holds stays (a process crash keeps the page
+// cache). For in-process tests that kill a node. A second call, or one
+// after Close, returns ErrClosed.
+func (s *Store) Crash() error {
+	if err := s.shut(); err != nil {
+		return err
+	}
+	s.fds.closeAll()
+	s.j.close()
+	s.fs.Close(s.lockFD)
+	return nil
+}
+
+// shut refuses calls from now on and waits for those in progress; a
+// store shut already gets ErrClosed.
+func (s *Store) shut() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -176,23 +200,55 @@ func (s *Store) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	s.ops.Wait()
-	err := s.flush(0)
+	return nil
+}
+
+// Close makes every write durable, writes the clean-shutdown marker and
+// releases the directory. Calls in progress finish first; later calls
+// get ErrClosed, and so does a second Close.
+func (s *Store) Close() error {
+	if err := s.shut(); err != nil {
+		return err
+	}
+	err := s.j.failure() // no clean marker over a journal that failed
+	if err == nil {
+		err = s.flush(0)
+	}
 	if err == nil {
 		err = s.j.compact()
 	}
 	if err == nil {
-		err = writeFileSync(filepath.Join(s.dir, "CLEAN"), nil)
+		err = writeFileSync(s.fs, filepath.Join(s.dir, "CLEAN"), nil)
 	}
 	if err == nil {
-		err = syncDir(s.dir)
+		err = syncDir(s.fs, s.dir)
 	}
 	s.fds.closeAll()
 	if cerr := s.j.close(); err == nil && cerr != nil {
 		err = fmt.Errorf("store: journal: %w", cerr)
 	}
-	unix.Close(s.lockFD)
+	s.fs.Close(s.lockFD)
 	return err
 }
+
+// enterWrite admits a call that may change anything (Flush included),
+// unless the journal failed: after that no record is known durable, so
+// nothing that relies on one may be acknowledged. Leave with s.ops.Done.
+func (s *Store) enterWrite() error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	if err := s.j.failure(); err != nil {
+		s.ops.Done()
+		return err
+	}
+	return nil
+}
+
+// Err returns the failure that stopped the store from accepting
+// changes (its journal could not be made durable), or nil. Reads of
+// good copies go on after it; every mutating call and Flush return it.
+func (s *Store) Err() error { return s.j.failure() }
 
 // enter admits a call; leave with s.ops.Done.
 func (s *Store) enter() error {
@@ -364,7 +420,7 @@ func (s *Store) Fence(vdi object.VDI, token uint64) error {
 	if vdi == 0 {
 		return fmt.Errorf("store: fence: vdi 0 is no VDI: %w", ErrRange)
 	}
-	if err := s.enter(); err != nil {
+	if err := s.enterWrite(); err != nil {
 		return err
 	}
 	defer s.ops.Done()
@@ -389,10 +445,10 @@ func (s *Store) ensureVDIDir(v *vdiState) error {
 	}
 	// Every caller that finds it not yet made syncs the parent itself, so
 	// none goes on before the directory's entry is durable.
-	if err := os.Mkdir(s.vdiDir(v.id), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+	if err := s.fs.Mkdir(s.vdiDir(v.id), 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("store: vdi %08x: %w", uint32(v.id), err)
 	}
-	if err := syncDir(s.objDir); err != nil {
+	if err := syncDir(s.fs, s.objDir); err != nil {
 		return fmt.Errorf("store: vdi %08x: %w", uint32(v.id), err)
 	}
 	v.mu.Lock()
@@ -411,7 +467,7 @@ func (s *Store) syncVDIDir(v *vdiState, upTo uint64) error {
 	if done {
 		return nil
 	}
-	if err := syncDir(s.vdiDir(v.id)); err != nil {
+	if err := syncDir(s.fs, s.vdiDir(v.id)); err != nil {
 		return fmt.Errorf("store: vdi %08x: %w", uint32(v.id), err)
 	}
 	v.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // threeDeep builds base ← mid.qcow2 ← top.qcow2 with data, zeros and a
@@ -112,7 +114,7 @@ func TestCommitMatchesQemu(t *testing.T) {
 						t.Fatalf("qemu-img convert -l s1: %s", r.stderr)
 					}
 				}
-				if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+				if d := twin.RawMismatch(t, raws[0], raws[1]); d != "" {
 					t.Errorf("snapshot s1 reads differently: %s", d)
 				}
 			}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"os"
@@ -9,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/internal/testutil"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // checkVariant is an image, clean or damaged, named a.qcow2, built as
@@ -370,7 +369,7 @@ func TestCheckRepairMatchesQemu(t *testing.T) {
 					if mode == "all" && v.cleanAfterAll && oa.code != 0 {
 						t.Errorf("qemu-img check after ovis img check -r all: exit %d\n%s%s", oa.code, oa.stdout, oa.stderr)
 					}
-					if qn, on, at := firstFileDiff(t, filepath.Join(qdir, "a.qcow2"), filepath.Join(odir, "a.qcow2")); at >= 0 {
+					if qn, on, at := twin.FirstFileDiff(t, filepath.Join(qdir, "a.qcow2"), filepath.Join(odir, "a.qcow2")); at >= 0 {
 						t.Errorf("repaired files differ (%d bytes as qemu-img left it, %d as ovis did) from byte %d", qn, on, at)
 					}
 					// A misaligned data cluster stays unreadable for QEMU.
@@ -430,69 +429,7 @@ func checkOvisRebuild(t *testing.T, v checkVariant, qdir, odir, out string) {
 
 func copyFile(t *testing.T, from, to string) {
 	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// firstDiff is the offset of the first byte where a and b differ.
-// firstFileDiff compares two files a chunk at a time (a repair can grow a
-// file to gigabytes, mostly holes, which must not be read into memory)
-// and returns their sizes and the offset of the first difference, or -1
-// when they are equal.
-func firstFileDiff(t *testing.T, a, b string) (an, bn, at int64) {
-	t.Helper()
-	var files [2]*block.OSFile
-	var sizes [2]int64
-	for i, p := range []string{a, b} {
-		f, err := block.OpenFile(p, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if sizes[i], err = f.Size(); err != nil {
-			t.Fatal(err)
-		}
-		files[i] = f
-	}
-	// nextData is where file i's next data starts at or after off, or its
-	// end: a file that ends first differs there.
-	nextData := func(i int, off int64) int64 {
-		if hole, end, ok := block.FileRun(files[i], off); ok && hole {
-			return min(end, sizes[i])
-		}
-		return off
-	}
-	const chunk = 1 << 20
-	bufs := [2][]byte{make([]byte, chunk), make([]byte, chunk)}
-	for off := int64(0); ; off += chunk {
-		// Skip what is a hole in both files.
-		if d := min(nextData(0, off), nextData(1, off)) &^ (chunk - 1); d > off {
-			off = d
-		}
-		var n [2]int
-		for i, f := range files {
-			n[i], _ = f.ReadAt(bufs[i], off)
-		}
-		// bytes.Equal first: a byte loop is slow under -race.
-		if m := min(n[0], n[1]); !bytes.Equal(bufs[0][:m], bufs[1][:m]) {
-			for i := range m {
-				if bufs[0][i] != bufs[1][i] {
-					return sizes[0], sizes[1], off + int64(i)
-				}
-			}
-		}
-		if n[0] != n[1] {
-			return sizes[0], sizes[1], off + int64(min(n[0], n[1]))
-		}
-		if n[0] < chunk {
-			return sizes[0], sizes[1], -1
-		}
-	}
+	testutil.CopyFile(t, from, to)
 }
 
 // TestCheckErrorsMatchQemu compares the refusals: raw images (exit 63),

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -22,7 +23,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ovis-storage/ovis/block"
-	"github.com/ovis-storage/ovis/cluster/gateway"
+	"github.com/ovis-storage/ovis/cluster/admin"
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/node"
 	"github.com/ovis-storage/ovis/cluster/object"
@@ -62,23 +63,38 @@ func (f *adminFlags) add(cmd *cobra.Command) {
 	f.tls.add(cmd)
 }
 
-// do runs one admin command against the node.
-func (f *adminFlags) do(cmd *cobra.Command, ar node.AdminRequest, data []byte, out any) ([]byte, error) {
+// tlsConfig is the flags' client TLS, nil without them.
+func (f *adminFlags) tlsConfig() (*tls.Config, error) {
+	if f.tls.cert == "" && f.tls.key == "" && f.tls.ca == "" {
+		return nil, nil
+	}
+	return protocol.ClientTLS(f.tls.cert, f.tls.key, f.tls.ca)
+}
+
+// dial checks the flags and returns a client of the node at -a; the
+// caller closes it.
+func (f *adminFlags) dial() (*admin.Client, error) {
 	if f.output != "human" && f.output != "json" {
 		return nil, fmt.Errorf("--output %q: want human or json", f.output)
 	}
-	var tc *tls.Config
-	if f.tls.cert != "" || f.tls.key != "" || f.tls.ca != "" {
-		var err error
-		if tc, err = protocol.ClientTLS(f.tls.cert, f.tls.key, f.tls.ca); err != nil {
-			return nil, err
-		}
+	tc, err := f.tlsConfig()
+	if err != nil {
+		return nil, err
 	}
-	c := node.DialAdmin(f.addr, tc)
+	return admin.Dial(f.addr, tc), nil
+}
+
+// call runs one admin call against the node at -a.
+func call[Req, Rep any](cmd *cobra.Command, f *adminFlags, k admin.Call[Req, Rep], req Req) (Rep, error) {
+	c, err := f.dial()
+	if err != nil {
+		var none Rep
+		return none, err
+	}
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
 	defer cancel()
-	return c.Do(ctx, ar, data, out)
+	return k.Do(ctx, c, req)
 }
 
 // print shows v as JSON or with human.
@@ -222,8 +238,8 @@ func newNodeListCmd() *cobra.Command {
 		Short: "List the cluster's nodes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var nodes []node.NodeStatus
-			if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
+			nodes, err := call(cmd, &af, admin.NodeList, admin.None{})
+			if err != nil {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), nodes, func(w io.Writer) {
@@ -256,8 +272,8 @@ func newNodeRemoveCmd() *cobra.Command {
 			"on an empty data directory: it joins with a new ID and recovery fills it.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var out map[string]string
-			if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.remove", Name: args[0]}, nil, &out); err != nil {
+			out, err := call(cmd, &af, admin.NodeRemove, admin.NameRequest{Name: args[0]})
+			if err != nil {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), out, func(w io.Writer) { fmt.Fprintf(w, "removed node %s\n", args[0]) })
@@ -280,7 +296,7 @@ func newNodeRecoveryCmd() *cobra.Command {
 			"--pause stops its background pulls and --resume starts them again. Objects a request touches are recovered first either way, so VMs run on.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var ctl node.RecoveryControl
+			var ctl admin.RecoveryControl
 			if cmd.Flags().Changed("max-rate") {
 				r, err := image.ParseSize(rate)
 				if err != nil {
@@ -295,8 +311,8 @@ func newNodeRecoveryCmd() *cobra.Command {
 			case pause || resume:
 				ctl.Paused = &pause
 			}
-			var st node.RecoveryStats
-			if _, err := af.do(cmd, node.AdminRequest{Cmd: "recovery.set", Recovery: &ctl}, nil, &st); err != nil {
+			st, err := call(cmd, &af, admin.RecoverySet, admin.RecoverySetRequest{Recovery: &ctl})
+			if err != nil {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), st, func(w io.Writer) {
@@ -342,8 +358,8 @@ func newClusterCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var f membership.Format
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "format", Copies: copies, ObjectShift: sh, Force: force, Strict: strict}, nil, &f); err != nil {
+				f, err := call(cmd, &af, admin.Format, admin.FormatRequest{Copies: copies, ObjectShift: sh, Force: force, Strict: strict})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), f, func(w io.Writer) {
@@ -369,8 +385,8 @@ func newClusterCmd() *cobra.Command {
 			Short: "Show the format, the nodes and the epoch history",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var info node.Info
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "info"}, nil, &info); err != nil {
+				info, err := call(cmd, &af, admin.GetInfo, admin.None{})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), info, func(w io.Writer) {
@@ -381,6 +397,12 @@ func newClusterCmd() *cobra.Command {
 							img.FormatSize(1<<info.Format.ObjectShift), info.Format.Created.Format(time.RFC3339))
 					}
 					fmt.Fprintf(w, "etcd: %s\nepoch %d, %d nodes\n", strings.Join(info.Etcd, ","), info.Epoch, len(info.Nodes))
+					if len(info.Full) > 0 {
+						fmt.Fprintf(w, "full, out of placement: %s\n", strings.Join(info.Full, " "))
+					}
+					for _, from := range slices.Sorted(maps.Keys(info.Unreachable)) {
+						fmt.Fprintf(w, "unreachable from %s: %s\n", from, strings.Join(info.Unreachable[from], " "))
+					}
 					if info.Unfound > 0 {
 						fmt.Fprintf(w, "UNFOUND: %d objects: their newest copy may be on %s, which are away; nobody serves them until one returns (ovis cluster check names them)\n",
 							info.Unfound, strings.Join(info.UnfoundOn, " "))
@@ -410,41 +432,48 @@ func newClusterCmd() *cobra.Command {
 				"extra copies are dropped once the replicas have them), says what it did, and checks again.",
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				return clusterCheck(cmd, &af, func(r *node.CheckReport, v *gateway.View, net gateway.Caller) (*node.CheckReport, error) {
-					report := func(r *node.CheckReport, actions []string) error {
-						return af.print(cmd.OutOrStdout(), struct {
-							*node.CheckReport
-							Repaired []string `json:"repaired,omitempty"`
-						}{r, actions}, func(w io.Writer) {
-							for _, a := range actions {
-								fmt.Fprintf(w, "repaired: %s\n", a)
-							}
-							fmt.Fprintf(w, "%d objects, %d copies compared, %d problems\n", r.Objects, r.Copies, len(r.Bad))
-							for _, b := range r.Bad {
-								fmt.Fprintf(w, "vdi %s object %s: %s %s\n", b.VDI, b.Object, b.Problem, strings.Join(b.Nodes, " "))
-							}
-						})
+				c, err := af.dial()
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				tc, err := af.tlsConfig()
+				if err != nil {
+					return err
+				}
+				var dial protocol.Dialer
+				if tc != nil {
+					dial = protocol.TLSDialer(tc)
+				}
+				pool := protocol.NewPool(dial)
+				defer pool.Close()
+				var progress func(done, total int)
+				if w := cmd.ErrOrStderr(); isTerminal(w) && af.output == "human" {
+					progress = progressBar(w)
+				}
+				r, actions, err := node.CheckVia(cmd.Context(), c, pool, repair, progress)
+				if err != nil {
+					return err
+				}
+				err = af.print(cmd.OutOrStdout(), struct {
+					*admin.CheckReport
+					Repaired []string `json:"repaired,omitempty"`
+				}{r, actions}, func(w io.Writer) {
+					for _, a := range actions {
+						fmt.Fprintf(w, "repaired: %s\n", a)
 					}
-					if !repair || len(r.Bad) == 0 {
-						return r, report(r, nil)
-					}
-					actions, err := node.Repair(cmd.Context(), net, v, r)
-					if err != nil {
-						return nil, err
-					}
-					again, err := node.Check(cmd.Context(), net, v, r.VDIs, allocatedVia(cmd, &af), nil)
-					if err != nil {
-						return nil, err
-					}
-					// Repair leaves unfound objects as they are: only a
-					// holder's return settles them.
+					fmt.Fprintf(w, "%d objects, %d copies compared, %d problems\n", r.Objects, r.Copies, len(r.Bad))
 					for _, b := range r.Bad {
-						if b.Kind == "unfound" {
-							again.Bad = append(again.Bad, b)
-						}
+						fmt.Fprintf(w, "vdi %s object %s: %s %s\n", b.VDI, b.Object, b.Problem, strings.Join(b.Nodes, " "))
 					}
-					return again, report(again, actions)
 				})
+				if err != nil {
+					return err
+				}
+				if len(r.Bad) > 0 {
+					return &img.ExitError{Code: 1}
+				}
+				return nil
 			},
 		}
 		af.add(c)
@@ -476,8 +505,8 @@ func newVDICmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var v membership.VDI
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.create", Name: args[0], Size: size, Copies: copies, ObjectShift: sh}, nil, &v); err != nil {
+				v, err := call(cmd, &af, admin.VDICreate, admin.VDICreateRequest{Name: args[0], Size: size, Copies: copies, ObjectShift: sh})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) {
@@ -495,8 +524,15 @@ func newVDICmd() *cobra.Command {
 		c := &cobra.Command{
 			Use: "list", Short: "List the VDIs", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var vs []membership.VDI
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vs); err != nil {
+				c, err := af.dial()
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Minute)
+				defer cancel()
+				vs, err := admin.VDIList.Do(ctx, c, admin.None{})
+				if err != nil {
 					return err
 				}
 				// Allocated is what the VDI's allocation map says was
@@ -507,13 +543,13 @@ func newVDICmd() *cobra.Command {
 					Allocated *int64 `json:"allocated,omitempty"`
 				}
 				out := make([]listed, len(vs))
-				allocated := allocatedVia(cmd, &af)
+				allocated := node.AllocatedVia(c)
 				for i, v := range vs {
 					out[i].VDI = v
 					if !v.Allocation {
 						continue
 					}
-					s, err := allocated(cmd.Context(), v)
+					s, err := allocated(ctx, v)
 					if err != nil {
 						return err
 					}
@@ -540,8 +576,8 @@ func newVDICmd() *cobra.Command {
 		c := &cobra.Command{
 			Use: "delete NAME", Short: "Delete a VDI and its objects", Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var v membership.VDI
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.delete", Name: args[0]}, nil, &v); err != nil {
+				v, err := call(cmd, &af, admin.VDIDelete, admin.NameRequest{Name: args[0]})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) { fmt.Fprintf(w, "deleted vdi %s (id %d)\n", v.Name, v.ID) })
@@ -562,8 +598,8 @@ func newVDICmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var v membership.VDI
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.resize", Name: args[0], Size: size, Shrink: shrink}, nil, &v); err != nil {
+				v, err := call(cmd, &af, admin.VDIResize, admin.VDIResizeRequest{Name: args[0], Size: size, Shrink: shrink})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), v, func(w io.Writer) { fmt.Fprintf(w, "vdi %s: %s\n", v.Name, img.FormatSize(uint64(v.Size))) })
@@ -593,8 +629,8 @@ func newVDIAlterCopyCmd() *cobra.Command {
 			if err != nil || n < 1 {
 				return fmt.Errorf("copies %q: want a whole number from 1 to %d", args[1], membership.MaxCopies)
 			}
-			var v membership.VDI
-			if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.alter-copy", Name: args[0], Copies: n}, nil, &v); err != nil {
+			v, err := call(cmd, &af, admin.VDIAlterCopy, admin.VDIAlterCopyRequest{Name: args[0], Copies: n})
+			if err != nil {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), v, func(w io.Writer) {
@@ -635,15 +671,15 @@ func newVDIReadCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			for n != 0 {
-				chunk := int64(node.MaxAdminData)
+				chunk := int64(admin.MaxData)
 				if n > 0 {
 					chunk = min(chunk, n)
 				}
-				var r struct{ Size int64 }
-				data, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.read", Name: args[0], Offset: off, Length: chunk}, nil, &r)
+				r, err := call(cmd, &af, admin.VDIRead, admin.VDIReadRequest{Name: args[0], Offset: off, Length: chunk})
 				if err != nil {
 					return err
 				}
+				data := r.Data
 				if len(data) == 0 {
 					if n > 0 {
 						return fmt.Errorf("vdi %s: %d bytes past its end (%d bytes)", args[0], n, r.Size)
@@ -675,7 +711,7 @@ func newVDIWriteCmd() *cobra.Command {
 				return err
 			}
 			in := cmd.InOrStdin()
-			buf := make([]byte, node.MaxAdminData)
+			buf := make([]byte, admin.MaxData)
 			for n != 0 {
 				want := int64(len(buf))
 				if n > 0 {
@@ -683,7 +719,7 @@ func newVDIWriteCmd() *cobra.Command {
 				}
 				k, rerr := io.ReadFull(in, buf[:want])
 				if k > 0 {
-					if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.write", Name: args[0], Offset: off}, buf[:k], nil); err != nil {
+					if _, err := call(cmd, &af, admin.VDIWrite, admin.VDIWriteRequest{Name: args[0], Offset: off, Data: buf[:k]}); err != nil {
 						return err
 					}
 					off += int64(k)
@@ -715,8 +751,8 @@ func newVDILockCmd() *cobra.Command {
 		c := &cobra.Command{
 			Use: "list", Short: "List the VDIs' locks and their holders", Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var ls []membership.Lock
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "lock.list"}, nil, &ls); err != nil {
+				ls, err := call(cmd, &af, admin.LockList, admin.None{})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), ls, func(w io.Writer) {
@@ -735,8 +771,8 @@ func newVDILockCmd() *cobra.Command {
 		c := &cobra.Command{
 			Use: "break NAME", Short: "Take a VDI's lock from its holder; the holder is fenced", Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				var l membership.Lock
-				if _, err := af.do(cmd, node.AdminRequest{Cmd: "lock.break", Name: args[0]}, nil, &l); err != nil {
+				l, err := call(cmd, &af, admin.LockBreak, admin.NameRequest{Name: args[0]})
+				if err != nil {
 					return err
 				}
 				return af.print(cmd.OutOrStdout(), l, func(w io.Writer) {
@@ -769,79 +805,17 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	return l.Addr().String(), nil
 }
 
-// allocatedVia reads VDIs' allocation maps through the node at -a.
-func allocatedVia(cmd *cobra.Command, af *adminFlags) node.Allocated {
-	return func(ctx context.Context, vd membership.VDI) (*object.Set, error) {
-		var chunks []node.AllocChunk
-		if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.allocated", Name: vd.Name}, nil, &chunks); err != nil {
-			return nil, fmt.Errorf("allocation map of vdi %s: %w", vd.Name, err)
+// progressBar returns a progress callback that draws a bar on w.
+func progressBar(w io.Writer) func(done, total int) {
+	var bar *progressbar.ProgressBar
+	return func(done, total int) {
+		if bar == nil {
+			bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("checking"),
+				progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond),
+				progressbar.OptionClearOnFinish())
 		}
-		return node.SetOf(chunks)
+		bar.Set(done)
 	}
-}
-
-// clusterCheck runs the check from here: it learns the nodes and VDIs
-// from the node at -a, then asks every node for its objects and their
-// checksums itself, with a progress bar on a terminal.
-func clusterCheck(cmd *cobra.Command, af *adminFlags, then func(*node.CheckReport, *gateway.View, gateway.Caller) (*node.CheckReport, error)) error {
-	var info node.Info
-	if _, err := af.do(cmd, node.AdminRequest{Cmd: "info"}, nil, &info); err != nil {
-		return err
-	}
-	var vdis []membership.VDI
-	if _, err := af.do(cmd, node.AdminRequest{Cmd: "vdi.list"}, nil, &vdis); err != nil {
-		return err
-	}
-	v, err := node.ViewOf(membership.View{Epoch: info.Epoch, Nodes: info.Nodes})
-	if err != nil {
-		return err
-	}
-	var dial protocol.Dialer
-	if af.tls.cert != "" || af.tls.key != "" || af.tls.ca != "" {
-		tc, err := protocol.ClientTLS(af.tls.cert, af.tls.key, af.tls.ca)
-		if err != nil {
-			return err
-		}
-		dial = protocol.TLSDialer(tc)
-	}
-	pool := protocol.NewPool(dial)
-	defer pool.Close()
-	var progress func(done, total int)
-	if w := cmd.ErrOrStderr(); isTerminal(w) && af.output == "human" {
-		var bar *progressbar.ProgressBar
-		progress = func(done, total int) {
-			if bar == nil {
-				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("checking"),
-					progressbar.OptionShowCount(), progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond),
-					progressbar.OptionClearOnFinish())
-			}
-			bar.Set(done)
-		}
-	}
-	r, err := node.Check(cmd.Context(), pool, v, vdis, allocatedVia(cmd, af), progress)
-	if err != nil {
-		return err
-	}
-	r.VDIs = vdis
-	// Objects whose every holder is away are in no listing: the nodes
-	// placed for them say so, and say who may hold them, which says
-	// more than the allocation map's "absent".
-	var nodes []node.NodeStatus
-	if _, err := af.do(cmd, node.AdminRequest{Cmd: "node.list"}, nil, &nodes); err != nil {
-		return err
-	}
-	unfound := node.Unfound(nodes, vdis)
-	r.Bad = slices.DeleteFunc(r.Bad, func(b node.CheckResult) bool {
-		return b.Kind == "absent" && slices.ContainsFunc(unfound, func(u node.CheckResult) bool { return u.Object == b.Object })
-	})
-	r.Bad = append(r.Bad, unfound...)
-	if r, err = then(r, v, pool); err != nil {
-		return err
-	}
-	if len(r.Bad) > 0 {
-		return &img.ExitError{Code: 1}
-	}
-	return nil
 }
 
 // newClusterMarkLostCmd gives unfound objects up: Ceph's
@@ -861,7 +835,7 @@ func newClusterMarkLostCmd() *cobra.Command {
 			"have held it. Use it only for nodes that will not return (`ovis node remove` them too).",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ar := node.AdminRequest{Cmd: "lost.mark", All: all}
+			ar := admin.LostMarkRequest{All: all}
 			switch {
 			case len(args) == 1 && all:
 				return errors.New("mark-lost: name an object or give --all-unfound, not both")
@@ -870,12 +844,12 @@ func newClusterMarkLostCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("mark-lost: %w", err)
 				}
-				ar.Object = uint64(id)
+				ar.Object = id
 			case !all:
 				return errors.New("mark-lost: name an object (as cluster check prints it), or give every unfound object up with --all-unfound")
 			}
-			var lost []node.UnfoundObject
-			if _, err := af.do(cmd, ar, nil, &lost); err != nil {
+			lost, err := call(cmd, &af, admin.LostMark, ar)
+			if err != nil {
 				return err
 			}
 			return af.print(cmd.OutOrStdout(), lost, func(w io.Writer) {

@@ -437,7 +437,15 @@ func damageOneObject(t *testing.T, dir string) string {
 // nodeMetric sums a metric's samples (every label set) over nodes.
 func nodeMetric(t *testing.T, nodes []*clusterNode, name string) float64 {
 	t.Helper()
-	var sum float64
+	return nodeMetrics(t, nodes, name)[0]
+}
+
+// nodeMetrics sums each metric's samples (every label set) over nodes,
+// from one scrape of each node, so that counters a request moves
+// together are read at one moment.
+func nodeMetrics(t *testing.T, nodes []*clusterNode, names ...string) []float64 {
+	t.Helper()
+	sums := make([]float64, len(names))
 	for _, n := range nodes {
 		resp, err := http.Get("http://" + n.metrics + "/metrics")
 		if err != nil {
@@ -450,17 +458,22 @@ func nodeMetric(t *testing.T, nodes []*clusterNode, name string) float64 {
 		}
 		for _, l := range strings.Split(string(b), "\n") {
 			f := strings.Fields(l)
-			if len(f) != 2 || !(f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			if len(f) != 2 {
 				continue
 			}
-			v, err := strconv.ParseFloat(f[1], 64)
-			if err != nil {
-				t.Fatalf("metric line %q: %v", l, err)
+			for i, name := range names {
+				if f[0] != name && !strings.HasPrefix(f[0], name+"{") {
+					continue
+				}
+				v, err := strconv.ParseFloat(f[1], 64)
+				if err != nil {
+					t.Fatalf("metric line %q: %v", l, err)
+				}
+				sums[i] += v
 			}
-			sum += v
 		}
 	}
-	return sum
+	return sums
 }
 
 // TestClusterExternalEtcd runs three nodes against a three-member etcd

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // TestRawMismatchLikeQemuCompare holds rawMismatch, which the image
@@ -64,7 +65,7 @@ func TestRawMismatchLikeQemuCompare(t *testing.T) {
 			if q.code > 1 {
 				t.Fatalf("qemu-img compare: exit %d\n%s%s", q.code, q.stdout, q.stderr)
 			}
-			got := rawMismatch(t, a, b)
+			got := twin.RawMismatch(t, a, b)
 			if (q.code == 0) != (got == "") || (q.code == 0) != c.alike {
 				t.Errorf("rawMismatch says %q, qemu-img compare exits %d (%s), the case expects alike=%v", got, q.code, q.stdout, c.alike)
 			}
@@ -141,10 +142,10 @@ func TestSparseCopyKeepsLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := sparseCopy(from, to); err != nil {
+	if err := twin.SparseCopy(from, to); err != nil {
 		t.Fatal(err)
 	}
-	if an, bn, at := firstFileDiff(t, from, to); at >= 0 || an != bn {
+	if an, bn, at := twin.FirstFileDiff(t, from, to); at >= 0 || an != bn {
 		t.Fatalf("the copy differs: %d and %d bytes, first difference at %d", an, bn, at)
 	}
 	runs := func(path string) []string {

@@ -37,7 +37,7 @@ func newImgDDCmd() *cobra.Command {
 			}
 			warn, err := env.DD(cmd.Context(), cfg)
 			if warn != nil {
-				report(cmd.ErrOrStderr(), warn)
+				img.Report(cmd.ErrOrStderr(), warn)
 			}
 			return err
 		},

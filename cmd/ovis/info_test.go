@@ -81,9 +81,7 @@ func imageArg(a []string) string {
 func run(tool string, args ...string) step {
 	return func(t *testing.T, dir string) {
 		t.Helper()
-		if o, e, c := testutil.RunIn(t, dir, tool, args...); c != 0 || strings.Contains(o+e, "failed") {
-			t.Fatalf("%s %s: exit %d\n%s%s", tool, strings.Join(args, " "), c, o, e)
-		}
+		testutil.MustRunIn(t, dir, tool, args...)
 	}
 }
 

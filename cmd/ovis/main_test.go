@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -44,8 +43,13 @@ func TestMain(m *testing.M) {
 		fail(err)
 	}
 	const pkg = "github.com/ovis-storage/ovis/cmd/ovis"
-	if ovisBin, err = testutil.BuildBinary(pkg, dir); err != nil {
-		fail(err)
+	// scripts/test.sh builds the two binaries once, from this tree, for
+	// the several go tests it runs of this package; each would otherwise
+	// link its own pair.
+	if ovisBin = os.Getenv("OVIS_TEST_BIN"); ovisBin == "" {
+		if ovisBin, err = testutil.BuildBinary(pkg, dir); err != nil {
+			fail(err)
+		}
 	}
 	serverBin = ovisBin
 	if raceEnabled {
@@ -53,12 +57,14 @@ func TestMain(m *testing.M) {
 		// (atexit_sleep_ms) for late reports. Races it finds still
 		// fail: exit code 66 and a report on stderr.
 		os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-		race := filepath.Join(dir, "race")
-		if err := os.Mkdir(race, 0o755); err != nil {
-			fail(err)
-		}
-		if serverBin, err = testutil.BuildBinary(pkg, race, "-race"); err != nil {
-			fail(err)
+		if serverBin = os.Getenv("OVIS_TEST_RACE_BIN"); serverBin == "" {
+			race := filepath.Join(dir, "race")
+			if err := os.Mkdir(race, 0o755); err != nil {
+				fail(err)
+			}
+			if serverBin, err = testutil.BuildBinary(pkg, race, "-race"); err != nil {
+				fail(err)
+			}
 		}
 	}
 	code := m.Run()
@@ -103,62 +109,21 @@ func mustOvisImg(t testing.TB, dir string, args ...string) result {
 	return r
 }
 
-var (
-	prefixRE = regexp.MustCompile(`(?m)^(qemu-img|ovis): `)
-	tryRE    = regexp.MustCompile(`(?m)^Try '(qemu-img|ovis) --help' for more information\n`)
-)
-
-// normStderr makes the two tools' error output comparable: "qemu-img: " and
-// "ovis: " prefixes become "X: ", the pointer to --help goes, and the
-// output ends in exactly one newline (qemu-img forgets it after some
-// hints).
-func normStderr(s string) string {
-	s = prefixRE.ReplaceAllString(tryRE.ReplaceAllString(s, ""), "X: ")
-	if s = strings.TrimRight(s, "\n"); s != "" {
-		s += "\n"
-	}
-	return s
-}
-
-// encryptRE matches QEMU's encryption options in -o help, which ovis does
-// not support and so does not list.
-var encryptRE = regexp.MustCompile(`(?m)^  encrypt.*\n`)
+// normStderr is testutil.NormStderr: "qemu-img: " and "ovis: " become
+// "X: ", the pointer to --help goes, one final newline.
+func normStderr(s string) string { return testutil.NormStderr(s) }
 
 // sameResult fails the test unless two runs printed the same (after
-// normStderr) and exited alike.
+// normStderr) and exited alike (testutil.SameOutput).
 func sameResult(t *testing.T, what string, q, o result) {
 	t.Helper()
-	if qo := encryptRE.ReplaceAllString(q.stdout, ""); qo != o.stdout {
-		t.Errorf("%s: stdout differs\nqemu-img: %q\n    ovis: %q", what, q.stdout, o.stdout)
-	}
-	if qe, oe := normStderr(q.stderr), normStderr(o.stderr); qe != oe {
-		t.Errorf("%s: stderr differs\nqemu-img: %q\n    ovis: %q", what, qe, oe)
-	}
-	if q.code != o.code {
-		t.Errorf("%s: exit %d, qemu-img exits %d", what, o.code, q.code)
-	}
+	testutil.SameOutput(t, what, testutil.Output{Stdout: q.stdout, Stderr: q.stderr, Code: q.code},
+		testutil.Output{Stdout: o.stdout, Stderr: o.stderr, Code: o.code})
 }
 
 // raceEnabled is set by race_test.go when the tests run with -race.
 var raceEnabled bool
 
-// fullTables is set by OVIS_FULL=1 (bench/full-tables.sh): the larger
-// tables of cases then run every row, where the suite runs a sample.
-var fullTables = os.Getenv("OVIS_FULL") == "1"
-
-// sampled reports whether the row of a table at the indexes idx (one per
-// dimension, the last the smallest, of size k) runs. Unless fullTables,
-// it keeps the rows whose indexes sum to 0 mod k: a Latin square, so for
-// a table of three dimensions every pair of values of any two still runs
-// together when the other two dimensions have at least k values each,
-// and for two dimensions every value of either runs.
-func sampled(k int, idx ...int) bool {
-	if fullTables {
-		return true
-	}
-	sum := 0
-	for _, i := range idx {
-		sum += i
-	}
-	return sum%k == 0
-}
+// sampled is testutil.Sampled: whether a row of a larger table runs in
+// the suite (all of them with OVIS_FULL=1).
+func sampled(k int, idx ...int) bool { return testutil.Sampled(k, idx...) }

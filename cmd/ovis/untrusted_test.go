@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ovis-storage/ovis/internal/testutil"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // untrustedLayout makes the folder an untrusted image lives in (dir, in
@@ -145,7 +146,7 @@ func TestUntrustedRefusesProbing(t *testing.T) {
 	if r := ovis(t, dir, "img", "--untrusted", "convert", "-f", "raw", "-O", "raw", disk, oout); r.code != 0 {
 		t.Fatalf("ovis img --untrusted convert -f raw: exit %d\n%s", r.code, r.stderr)
 	}
-	if qn, on, at := firstFileDiff(t, qout, oout); at >= 0 {
+	if qn, on, at := twin.FirstFileDiff(t, qout, oout); at >= 0 {
 		t.Errorf("convert -f raw: outputs differ (%d bytes from qemu-img, %d from ovis) from byte %d", qn, on, at)
 	}
 	s := startNBD(t, nbdRun{args: []string{"--untrusted", "-f", "raw", "-r", disk}})

@@ -116,11 +116,14 @@ func runUpCluster(ctx context.Context, cfg upCluster, w io.Writer) (err error) {
 	f, err := mc.GetFormat(ctx)
 	switch {
 	case errors.Is(err, membership.ErrNotFormatted):
-		if err := mc.Format(ctx, membership.Format{Copies: cfg.Nodes}, false); err != nil {
-			return fmt.Errorf("up: formatting the cluster: %w", err)
-		}
-		if f, err = mc.GetFormat(ctx); err != nil {
+		// The same rules as ovis cluster format: every node started here
+		// is its own zone, so copies = nodes passes the zone check.
+		v, err := mc.View(ctx)
+		if err != nil {
 			return fmt.Errorf("up: %w", err)
+		}
+		if f, err = mc.FormatIn(ctx, v, membership.Format{Copies: cfg.Nodes}, false); err != nil {
+			return fmt.Errorf("up: formatting the cluster: %w", err)
 		}
 		fmt.Fprintf(w, "%s: formatted a new cluster: %d node(s), %d copies, objects of %s\n", cfg.Dir, cfg.Nodes, f.Copies, img.FormatSize(1<<f.ObjectShift))
 	case err != nil:

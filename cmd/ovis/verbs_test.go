@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ovis-storage/ovis/block"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // Helpers for the tests of the verbs beyond create, info and convert:
@@ -33,105 +32,8 @@ func twinDirs(t *testing.T, setup func(t *testing.T, dir string)) (qdir, odir st
 	t.Helper()
 	qdir, odir = t.TempDir(), t.TempDir()
 	setup(t, qdir)
-	copyDir(t, qdir, odir)
+	twin.CopyDir(t, qdir, odir)
 	return qdir, odir
-}
-
-// copyDir copies the regular files of from into to (sparseCopy), in
-// process rather than one cp per file.
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	ents, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		if err := sparseCopy(filepath.Join(from, e.Name()), filepath.Join(to, e.Name())); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// copyTree copies the folder from into the folder to as copyDir does,
-// and its folders too, recursively.
-func copyTree(t *testing.T, from, to string) {
-	t.Helper()
-	copyDir(t, from, to)
-	ents, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if !e.IsDir() {
-			continue
-		}
-		if err := os.Mkdir(filepath.Join(to, e.Name()), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		copyTree(t, filepath.Join(from, e.Name()), filepath.Join(to, e.Name()))
-	}
-}
-
-// sparseCopy copies the file from to the file to (replaced if it exists),
-// with from's mode for a new file, and with from's holes: what SEEK_DATA
-// reports as data is written, zeros included, and its holes stay holes.
-// QEMU sees a file's allocation through the same calls, so qemu-img map
-// tells the copy from the original in nothing (cp --sparse=always would
-// turn the zeros QEMU wrote into holes).
-func sparseCopy(from, to string) error {
-	src, err := block.OpenFile(from, true)
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	defer src.Close()
-	size, err := src.Size()
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	fi, err := os.Stat(from)
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, fi.Mode().Perm())
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	buf := make([]byte, 1<<20)
-	for off := int64(0); off < size; {
-		hole, end, ok := block.FileRun(src, off)
-		end = min(end, size)
-		if !ok { // no SEEK_DATA: all data
-			hole, end = false, size
-		}
-		if hole {
-			off = end
-			continue
-		}
-		for off < end {
-			n, err := src.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
-			if n == 0 {
-				dst.Close()
-				return fmt.Errorf("copy %s at %d: %w", from, off, err)
-			}
-			if _, err := dst.WriteAt(buf[:n], off); err != nil {
-				dst.Close()
-				return fmt.Errorf("copy %s to %s: %w", from, to, err)
-			}
-			off += int64(n)
-		}
-	}
-	// The length, a hole at the end included.
-	if err := dst.Truncate(size); err != nil {
-		dst.Close()
-		return fmt.Errorf("copy %s to %s: %w", from, to, err)
-	}
-	if err := dst.Close(); err != nil {
-		return fmt.Errorf("copy %s to %s: %w", from, to, err)
-	}
-	return nil
 }
 
 // fixtures are folders of input files that many tests start from, built
@@ -228,8 +130,8 @@ func twinFixture(t *testing.T, key string, setup func(t *testing.T, dir string))
 		return twinDirs(t, setup)
 	}
 	qdir, odir = t.TempDir(), t.TempDir()
-	copyTree(t, src, qdir)
-	copyTree(t, src, odir)
+	twin.CopyTree(t, src, qdir)
+	twin.CopyTree(t, src, odir)
 	return qdir, odir
 }
 
@@ -243,7 +145,7 @@ func fromFixture(t *testing.T, name string, build func(t *testing.T, dir string)
 		t.Fatalf("fixture %s names its own folder by absolute path: its copies would share its files", name)
 	}
 	for _, d := range dirs {
-		copyTree(t, src, d)
+		twin.CopyTree(t, src, d)
 	}
 }
 
@@ -303,15 +205,10 @@ func compareImages(t *testing.T, qdir, odir string, names []string) map[string]r
 	}
 	checks := map[string]result{}
 	for _, n := range names {
-		// Each image is read from its own folder, where QEMU looks for
-		// external data files.
-		raws := [2]string{filepath.Join(t.TempDir(), "q.raw"), filepath.Join(t.TempDir(), "o.raw")}
-		for i, d := range []string{qdir, odir} {
-			if r := qemuImg(t, d, "convert", "-U", "-O", "raw", n, raws[i]); r.code != 0 {
-				t.Fatalf("qemu-img convert %s: %s", n, r.stderr)
-			}
-		}
-		if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+		// One qemu-img compare, or a convert of each image in its own
+		// folder, where QEMU looks for external data files
+		// (twin.GuestMismatch).
+		if d := twin.GuestMismatch(t, qdir, odir, n); d != "" {
 			t.Errorf("%s reads differently as qemu-img and ovis left it: %s", n, d)
 		}
 		qi, oi := qemuImg(t, qdir, "info", "-U", n), qemuImg(t, odir, "info", "-U", n)
@@ -355,7 +252,7 @@ func sameFolders(t *testing.T, a, b string) bool {
 				return false
 			}
 		case e.Type().IsRegular():
-			if an, bn, at := firstFileDiff(t, pa, pb); at >= 0 || an != bn {
+			if an, bn, at := twin.FirstFileDiff(t, pa, pb); at >= 0 || an != bn {
 				return false
 			}
 		default: // sockets, links: not compared, so not known alike
@@ -363,66 +260,6 @@ func sameFolders(t *testing.T, a, b string) bool {
 		}
 	}
 	return true
-}
-
-// rawMismatch compares two raw files as `qemu-img compare -f raw -F raw`
-// does, in process (the comparison of two plain files is not what the
-// tests judge; QEMU's reading of the images, into those files, is): they
-// compare alike when they hold the same bytes up to the shorter's end
-// and the rest of the longer is zeros. It returns "" then, or where they
-// differ.
-func rawMismatch(t *testing.T, a, b string) string {
-	t.Helper()
-	an, bn, at := firstFileDiff(t, a, b)
-	if at < 0 {
-		return ""
-	}
-	if short := min(an, bn); at < short {
-		return fmt.Sprintf("content mismatch at offset %d", at)
-	}
-	long := a
-	if bn > an {
-		long = b
-	}
-	if off := firstNonZero(t, long, min(an, bn)); off >= 0 {
-		return fmt.Sprintf("content mismatch at offset %d (%s is %d bytes, %s %d)", off, a, an, b, bn)
-	}
-	return ""
-}
-
-// firstNonZero returns the offset of the first byte of the file at path,
-// at or after from, that is not zero, or -1. Holes are skipped unread.
-func firstNonZero(t *testing.T, path string, from int64) int64 {
-	t.Helper()
-	f, err := block.OpenFile(path, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	size, err := f.Size()
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 1<<20)
-	for off := from; off < size; {
-		if hole, end, ok := block.FileRun(f, off); ok && hole {
-			off = end
-			continue
-		}
-		n, err := f.ReadAt(buf[:min(int64(len(buf)), size-off)], off)
-		if n == 0 && err != nil {
-			t.Fatalf("read %s at %d: %v", path, off, err)
-		}
-		if !block.IsZero(buf[:n]) {
-			for i, c := range buf[:n] {
-				if c != 0 {
-					return off + int64(i)
-				}
-			}
-		}
-		off += int64(n)
-	}
-	return -1
 }
 
 var diskSizeRE = regexp.MustCompile(`(?m)^disk size: .*\n`)

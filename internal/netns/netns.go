@@ -137,6 +137,31 @@ func (nt *Net) Heal(i int) error {
 	return nil
 }
 
+// CutPeers cuts namespace i off from every other namespace, both ways,
+// while it still reaches the root namespace (HostAddr: etcd, say): one
+// blackhole route per other namespace's address inside namespace i, so
+// that its packets to them, and its answers to theirs, are dropped
+// silently, as by a failed link. Undo with HealPeers.
+func (nt *Net) CutPeers(i int) error { return nt.peerRoutes(i, "replace") }
+
+// HealPeers removes CutPeers' routes of namespace i.
+func (nt *Net) HealPeers(i int) error { return nt.peerRoutes(i, "del") }
+
+// peerRoutes adds (replace) or deletes (del) the blackhole route to each
+// other namespace inside namespace i.
+func (nt *Net) peerRoutes(i int, verb string) error {
+	nt.check(i)
+	for j := range nt.n {
+		if j == i {
+			continue
+		}
+		if err := ip(context.Background(), "-n", nt.Namespace(i), "route", verb, "blackhole", nt.Addr(j)+"/32"); err != nil {
+			return fmt.Errorf("netns: route %s in namespace %d to %d: %w", verb, i, j, err)
+		}
+	}
+	return nil
+}
+
 // Close deletes the namespaces, their veth pairs and the bridge. It
 // finishes the teardown past an error and returns the first; a second
 // call returns ErrClosed.

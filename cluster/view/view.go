@@ -1,14 +1,20 @@
-package gateway
+// Package view is what requests of one membership epoch are placed by:
+// the epoch, its placement map, the nodes' addresses and the VDIs'
+// copies in it (View), and the source that hands out newer ones as the
+// membership changes (Source). The gateway, recovery, ranking and the
+// CLI all read epochs through it; it sits below all of them.
+package view
 
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
 )
 
-// View is what the gateway needs of one membership epoch: where objects
+// View is what a request needs of one membership epoch: where objects
 // go and how to reach the nodes.
 type View struct {
 	Epoch uint64
@@ -30,6 +36,17 @@ type View struct {
 	end  context.CancelFunc
 }
 
+// IDs returns the IDs of every node of v's epoch, placed or not (a full
+// node is in Addr but not in Map), sorted.
+func (v *View) IDs() []string {
+	ids := make([]string, 0, len(v.Addr))
+	for id := range v.Addr {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 // Supersede marks v as replaced by a newer view: calls still in flight
 // on it are abandoned, and the gateway places them again by the newer
 // view. The Views implementation calls it when it takes a newer view.
@@ -39,9 +56,9 @@ func (v *View) Supersede() {
 	}
 }
 
-// attempt returns the context of one try of a request on v: ctx, ended
+// Attempt returns the context of one try of a request on v: ctx, ended
 // early when v is superseded. stop releases it.
-func (v *View) attempt(ctx context.Context) (context.Context, func()) {
+func (v *View) Attempt(ctx context.Context) (context.Context, func()) {
 	if v.life == nil {
 		return ctx, func() {}
 	}
@@ -53,24 +70,24 @@ func (v *View) attempt(ctx context.Context) (context.Context, func()) {
 	}
 }
 
-// NewView builds the View of one epoch from its node list.
-func NewView(epoch uint64, nodes []placement.Node, addrs map[string]string) (*View, error) {
+// New builds the View of one epoch from its node list.
+func New(epoch uint64, nodes []placement.Node, addrs map[string]string) (*View, error) {
 	m, err := placement.New(nodes)
 	if err != nil {
-		return nil, fmt.Errorf("gateway: epoch %d: %w", epoch, err)
+		return nil, fmt.Errorf("view: epoch %d: %w", epoch, err)
 	}
 	for _, n := range nodes {
 		if addrs[n.ID] == "" {
-			return nil, fmt.Errorf("gateway: epoch %d: node %s has no address", epoch, n.ID)
+			return nil, fmt.Errorf("view: epoch %d: node %s has no address", epoch, n.ID)
 		}
 	}
 	life, end := context.WithCancel(context.Background())
 	return &View{Epoch: epoch, Map: m, Addr: addrs, life: life, end: end}, nil
 }
 
-// Views hands the gateway the membership as it changes. Implementations
-// are safe for concurrent use.
-type Views interface {
+// Source hands out the membership's views as it changes.
+// Implementations are safe for concurrent use.
+type Source interface {
 	// View returns the newest view known; never nil.
 	View() *View
 	// Await returns a view of an epoch newer than epoch, waiting until
@@ -78,16 +95,16 @@ type Views interface {
 	Await(ctx context.Context, epoch uint64) (*View, error)
 }
 
-// StaticViews is a Views that never changes, for tests and tools that
-// pin one epoch.
-type StaticViews struct{ V *View }
+// Static is a Source that never changes, for tests and tools that pin
+// one epoch.
+type Static struct{ V *View }
 
-func (s StaticViews) View() *View { return s.V }
+func (s Static) View() *View { return s.V }
 
-func (s StaticViews) Await(ctx context.Context, epoch uint64) (*View, error) {
+func (s Static) Await(ctx context.Context, epoch uint64) (*View, error) {
 	if s.V.Epoch > epoch {
 		return s.V, nil
 	}
 	<-ctx.Done()
-	return nil, fmt.Errorf("gateway: waiting for an epoch after %d: %w", epoch, ctx.Err())
+	return nil, fmt.Errorf("view: waiting for an epoch after %d: %w", epoch, ctx.Err())
 }

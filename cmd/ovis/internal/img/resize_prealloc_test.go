@@ -1,6 +1,7 @@
-package main
+package img
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,7 +12,83 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ovis-storage/ovis/internal/testutil"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
+
+// Resize, amend -o size= and create with preallocation (issue 14, cases
+// 4, 5 and 9, and the cases around them), each run by qemu-img and in
+// process (runIn) on twin folders: the images must read, map and check
+// alike, and refusals must match in message and exit code.
+
+// run returns a step that runs a qemu tool in the image folder
+// (testutil.MustRunIn).
+func run(tool string, args ...string) func(t *testing.T, dir string) {
+	return func(t *testing.T, dir string) {
+		t.Helper()
+		testutil.MustRunIn(t, dir, tool, args...)
+	}
+}
+
+// bothRun runs `qemu-img args` in qdir and the verb in process in odir
+// (runIn) and requires the same output and exit code.
+func bothRun(t *testing.T, qdir, odir string, args []string) (q, o testutil.Output) {
+	t.Helper()
+	q, o = qemuImg(t, qdir, args...), runIn(odir, args)
+	testutil.SameOutput(t, strings.Join(args, " "), q, o)
+	return q, o
+}
+
+// runIn runs `ovis img args` in process as if in the folder dir, for the
+// verbs and flags of these tables (resize, amend and create): the names
+// of files, data_file= included, are taken in dir, and dir is cut from
+// what the verb prints, which names files as they were given.
+func runIn(dir string, args []string) testutil.Output {
+	var opts []string
+	var pos []string
+	var format, prealloc, backing, backingFmt string
+	var shrink, quiet, backingSet, backingFmtSet bool
+	for i := 1; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "-f":
+			i++
+			format = args[i]
+		case a == "-o":
+			i++
+			// A comma of dir doubled: it would end the option.
+			opts = append(opts, strings.ReplaceAll(args[i], "data_file=", "data_file="+strings.ReplaceAll(dir, ",", ",,")+"/"))
+		case a == "-b":
+			i++
+			backing, backingSet = args[i], true
+		case a == "-F":
+			i++
+			backingFmt, backingFmtSet = args[i], true
+		case a == "-q":
+			quiet = true
+		case a == "--shrink":
+			shrink = true
+		case strings.HasPrefix(a, "--preallocation="):
+			prealloc = strings.TrimPrefix(a, "--preallocation=")
+		default:
+			pos = append(pos, a)
+		}
+	}
+	file := filepath.Join(dir, pos[0])
+	o := runVerb(func(ctx context.Context, e *Env) error {
+		switch args[0] {
+		case "resize":
+			return e.Resize(ctx, ResizeConfig{Filename: file, Format: format, Size: pos[1], Preallocation: prealloc, Shrink: shrink, Quiet: quiet})
+		case "amend":
+			return e.Amend(ctx, AmendConfig{Format: format, Options: opts, Filenames: []string{file}})
+		case "create":
+			return e.Create(CreateConfig{Format: format, Options: opts, Filename: file, Size: pos[1], Quiet: quiet,
+				BackingFile: backing, BackingFormat: backingFmt, BackingFileSet: backingSet, BackingFormatSet: backingFmtSet})
+		}
+		panic("runIn: verb " + args[0])
+	})
+	o.Stdout = strings.ReplaceAll(o.Stdout, dir+"/", "")
+	o.Stderr = strings.ReplaceAll(o.Stderr, dir+"/", "")
+	return o
+}
 
 // rzLayouts are the qcow2 layouts the resize tables run over: cluster
 // sizes from 512 bytes to 2 MiB, both versions, extended L2.
@@ -48,20 +125,25 @@ func rzBacking(t *testing.T, dir, kind string, n int64) string {
 	return ""
 }
 
-// rzMap is qemu-img map --output=json of an image, each entry reduced to
-// what must agree between two images that differ only in where their
-// clusters lie: depth, present, zero, data, and whether there is a host
-// offset. Adjacent entries that agree are merged.
-func rzMap(t *testing.T, dir, name string) []string {
+// rzMapEntries is qemu-img map --output=json of an image.
+func rzMapEntries(t *testing.T, dir, name string) []testutil.MapEntry {
 	t.Helper()
 	r := qemuImg(t, dir, "map", "-U", "--output=json", name)
-	if r.code != 0 {
-		t.Fatalf("qemu-img map %s: %s", name, r.stderr)
+	if r.Code != 0 {
+		t.Fatalf("qemu-img map %s: %s", name, r.Stderr)
 	}
 	var es []testutil.MapEntry
-	if err := json.Unmarshal([]byte(r.stdout), &es); err != nil {
+	if err := json.Unmarshal([]byte(r.Stdout), &es); err != nil {
 		t.Fatalf("qemu-img map %s: %v", name, err)
 	}
+	return es
+}
+
+// rzMap is the map es, each entry reduced to what must agree between two
+// images that differ only in where their clusters lie: depth, present,
+// zero, data, and whether there is a host offset. Adjacent entries that
+// agree are merged.
+func rzMap(es []testutil.MapEntry) []string {
 	var out []string
 	var start, end int64
 	last := ""
@@ -79,14 +161,10 @@ func rzMap(t *testing.T, dir, name string) []string {
 }
 
 // rzHostAllocated reports whether every data extent of the image's own
-// layer has its host space allocated (no hole in the file under it).
-func rzHostAllocated(t *testing.T, dir, name string) (bool, string) {
+// layer, by its map es, has its host space allocated (no hole in the
+// file under it).
+func rzHostAllocated(t *testing.T, dir, name string, es []testutil.MapEntry) (bool, string) {
 	t.Helper()
-	r := qemuImg(t, dir, "map", "-U", "--output=json", name)
-	var es []testutil.MapEntry
-	if err := json.Unmarshal([]byte(r.stdout), &es); err != nil {
-		t.Fatalf("qemu-img map %s: %v", name, err)
-	}
 	f, err := os.Open(filepath.Join(dir, name))
 	if err != nil {
 		t.Fatal(err)
@@ -116,21 +194,15 @@ func rzTwin(t *testing.T, setup func(t *testing.T, dir string)) (qdir, odir stri
 	src := t.TempDir()
 	setup(t, src)
 	qdir, odir = t.TempDir(), t.TempDir()
-	copyTree(t, src, qdir)
-	copyTree(t, src, odir)
+	twin.CopyTree(t, src, qdir)
+	twin.CopyTree(t, src, odir)
 	return qdir, odir
 }
 
 // rzSameGuest requires the two images to read alike (qemu-img compare).
 func rzSameGuest(t *testing.T, qdir, odir, name, what string) {
 	t.Helper()
-	raws := [2]string{filepath.Join(t.TempDir(), "q.raw"), filepath.Join(t.TempDir(), "o.raw")}
-	for i, d := range []string{qdir, odir} {
-		if r := qemuImg(t, d, "convert", "-U", "-O", "raw", name, raws[i]); r.code != 0 {
-			t.Fatalf("%s: qemu-img convert %s: %s", what, name, r.stderr)
-		}
-	}
-	if d := rawMismatch(t, raws[0], raws[1]); d != "" {
+	if d := twin.GuestMismatch(t, qdir, odir, name); d != "" {
 		t.Errorf("%s: the image reads differently as qemu-img and ovis left it: %s", what, d)
 	}
 }
@@ -149,15 +221,17 @@ func rzZeroRead(t *testing.T, dir, name string, off, n int64) bool {
 func rzSameLayer(t *testing.T, qdir, odir, name, what, prealloc string) {
 	t.Helper()
 	rzSameGuest(t, qdir, odir, name, what)
-	if q, o := rzMap(t, qdir, name), rzMap(t, odir, name); strings.Join(q, "\n") != strings.Join(o, "\n") {
+	// One map of each image, for the flags and for the host space.
+	qm, om := rzMapEntries(t, qdir, name), rzMapEntries(t, odir, name)
+	if q, o := rzMap(qm), rzMap(om); strings.Join(q, "\n") != strings.Join(o, "\n") {
 		t.Errorf("%s: qemu-img map differs\nqemu-img's:\n%s\n    ovis's:\n%s", what, strings.Join(q, "\n"), strings.Join(o, "\n"))
 	}
-	if r := qemuImg(t, odir, "check", "-U", name); r.code != 0 {
-		t.Errorf("%s: qemu-img check of ovis's image: exit %d\n%s%s", what, r.code, r.stdout, r.stderr)
+	if r := qemuImg(t, odir, "check", "-U", name); r.Code != 0 {
+		t.Errorf("%s: qemu-img check of ovis's image: exit %d\n%s%s", what, r.Code, r.Stdout, r.Stderr)
 	}
 	if prealloc == "falloc" || prealloc == "full" {
-		if ok, _ := rzHostAllocated(t, qdir, name); ok {
-			if ok, why := rzHostAllocated(t, odir, name); !ok {
+		if ok, _ := rzHostAllocated(t, qdir, name, qm); ok {
+			if ok, why := rzHostAllocated(t, odir, name, om); !ok {
 				t.Errorf("%s: --preallocation=%s left host space unallocated: %s", what, prealloc, why)
 			}
 		}
@@ -183,7 +257,7 @@ func TestReproResizeGrowZeroes(t *testing.T) {
 	for li, l := range rzLayouts {
 		for bi, b := range backings {
 			for pi, p := range []string{"off", "metadata", "falloc", "full"} {
-				if !sampled(4, li, bi, pi) {
+				if !testutil.Sampled(4, li, bi, pi) {
 					continue // every pair of the three still runs
 				}
 				name := fmt.Sprintf("%s/%s %s/%s", l.name, b.kind, b.size, p)
@@ -214,7 +288,7 @@ func TestReproResizeGrowZeroes(t *testing.T) {
 						args = append(args, "t.qcow2", fmt.Sprint(to))
 						q, _ := bothRun(t, qdir, odir, args)
 						what := strings.Join(args, " ")
-						if q.code == 0 {
+						if q.Code == 0 {
 							if to > size {
 								qz, oz := rzZeroRead(t, qdir, "t.qcow2", size, to-size), rzZeroRead(t, odir, "t.qcow2", size, to-size)
 								if b.kind != "" && !qz {
@@ -271,8 +345,10 @@ func TestReproResizeShrinkRegrowBacking(t *testing.T) {
 func TestReproResizeFallocWithinLastCluster(t *testing.T) {
 	t.Parallel()
 	for _, p := range []string{"metadata", "falloc", "full"} {
-		qdir, odir := rzTwin(t, qemuCreateStep("-f qcow2 t.qcow2 31k",
-			run("qemu-io", "-f", "qcow2", "-c", "write -q -P 3 0 31k", "t.qcow2")))
+		qdir, odir := rzTwin(t, func(t *testing.T, dir string) {
+			run("qemu-img", "create", "-q", "-f", "qcow2", "t.qcow2", "31k")(t, dir)
+			run("qemu-io", "-f", "qcow2", "-c", "write -q -P 3 0 31k", "t.qcow2")(t, dir)
+		})
 		bothRun(t, qdir, odir, []string{"resize", "--preallocation=" + p, "t.qcow2", "40k"})
 		bothRun(t, qdir, odir, []string{"resize", "--preallocation=" + p, "t.qcow2", "64k"})
 		rzSameLayer(t, qdir, odir, "t.qcow2", p, p)
@@ -298,8 +374,8 @@ func TestReproCreatePreallocBacking(t *testing.T) {
 					var back string
 					qdir, odir := rzTwin(t, func(t *testing.T, dir string) { back = rzBacking(t, dir, b.kind, bsize) })
 					args := append(append([]string{"create", "-q", "-f", "qcow2", "-o", "extended_l2=on,cluster_size=" + cs + ",preallocation=" + p}, strings.Fields(back)...), "t.qcow2", "2M")
-					if q, _ := bothRun(t, qdir, odir, args); q.code != 0 {
-						t.Fatalf("qemu-img %s: %s", strings.Join(args, " "), q.stderr)
+					if q, _ := bothRun(t, qdir, odir, args); q.Code != 0 {
+						t.Fatalf("qemu-img %s: %s", strings.Join(args, " "), q.Stderr)
 					}
 					if b.kind != "" {
 						n := min(bsize, 2<<20)
@@ -347,8 +423,8 @@ func TestReproResizeDataFileRaw(t *testing.T) {
 						t.Errorf("%s: the data file is %d bytes, %d with qemu-img", what, ds, qs)
 					}
 					if !strings.Contains(opts, "extended_l2") {
-						if r := qemuImg(t, odir, "compare", "-U", "-f", "qcow2", "-F", "raw", "t.qcow2", "d.raw"); r.code != 0 {
-							t.Errorf("%s: the image and its raw data file differ: %s%s", what, r.stdout, r.stderr)
+						if r := qemuImg(t, odir, "compare", "-U", "-f", "qcow2", "-F", "raw", "t.qcow2", "d.raw"); r.Code != 0 {
+							t.Errorf("%s: the image and its raw data file differ: %s%s", what, r.Stdout, r.Stderr)
 						}
 					}
 				}
@@ -411,8 +487,8 @@ func TestReproResizeShrinkReleasesSpace(t *testing.T) {
 						t.Errorf("%s: the file takes %d bytes, %d with qemu-img", what, o, q)
 					}
 					qc, oc := qemuImg(t, qdir, "check", "--output=json", "t.qcow2"), qemuImg(t, odir, "check", "--output=json", "t.qcow2")
-					if qc.stdout != oc.stdout {
-						t.Errorf("%s: qemu-img check differs\nqemu-img's: %s\n    ovis's: %s", what, qc.stdout, oc.stdout)
+					if qc.Stdout != oc.Stdout {
+						t.Errorf("%s: qemu-img check differs\nqemu-img's: %s\n    ovis's: %s", what, qc.Stdout, oc.Stdout)
 					}
 				}
 			})
@@ -491,10 +567,12 @@ func TestReproResizeCompressedExtL2KeepsData(t *testing.T) {
 	rzBacking(t, dir, "raw", 1<<20)
 	run("qemu-img", "create", "-q", "-f", "qcow2", "-o", "extended_l2=on", "-F", "raw", "-b", "b.raw", "t.qcow2", "160k")(t, dir)
 	run("qemu-io", "-c", "write -q -c -P 2 128k 32k", "t.qcow2")(t, dir)
-	mustOvisImg(t, dir, "resize", "--preallocation=metadata", "t.qcow2", "700k")
+	if r := runIn(dir, []string{"resize", "--preallocation=metadata", "t.qcow2", "700k"}); r.Code != 0 {
+		t.Fatalf("resize: exit %d: %s", r.Code, r.Stderr)
+	}
 	run("qemu-io", "-r", "-c", "read -q -P 1 0 128k", "-c", "read -q -P 2 128k 32k", "-c", "read -q -P 0 160k 540k", "t.qcow2")(t, dir)
-	if r := qemuImg(t, dir, "check", "t.qcow2"); r.code != 0 {
-		t.Errorf("qemu-img check: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := qemuImg(t, dir, "check", "t.qcow2"); r.Code != 0 {
+		t.Errorf("qemu-img check: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

@@ -1,6 +1,7 @@
-package main
+package img
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -13,13 +14,14 @@ import (
 // markingLine is the line QEMU prints when it marks an image corrupt.
 const markingLine = "qcow2: Marking image as corrupt: Preventing invalid write on metadata (overlaps with active L2 table); further corruption events will be suppressed\n"
 
-// TestReproOverlapGuestWriteLikeQemu: an image whose refcount block calls
+// TestReproOverlapGuestWriteLikeQemu (the verb in process, runVerb): an image whose refcount block calls
 // its active L2 table free is written by convert -n and (as a commit's
 // base) by commit. QEMU's overlap check refuses the write that would land
 // on the table: the command fails, the image is marked corrupt and its
 // data still reads back. ovis refuses alike instead of overwriting the
 // table.
 func TestReproOverlapGuestWriteLikeQemu(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.qcow2")
 	testutil.QemuImg(t, "create", "-q", "-f", "qcow2", base, "64M")
@@ -39,7 +41,7 @@ func TestReproOverlapGuestWriteLikeQemu(t *testing.T) {
 
 	for _, verb := range []string{"convert", "commit"} {
 		t.Run(verb, func(t *testing.T) {
-			var res [2]result
+			var res [2]testutil.Output
 			for i, tool := range []string{"qemu-img", "ovis"} {
 				d := filepath.Join(dir, verb+"-"+tool)
 				if err := os.Mkdir(d, 0o755); err != nil {
@@ -57,7 +59,13 @@ func TestReproOverlapGuestWriteLikeQemu(t *testing.T) {
 					args = []string{"commit", ov}
 				}
 				if tool == "ovis" {
-					res[i] = ovisImg(t, d, args...)
+					res[i] = runVerb(func(ctx context.Context, e *Env) error {
+						if verb == "commit" {
+							return e.Commit(ctx, CommitConfig{Filename: filepath.Join(d, "overlay.qcow2")})
+						}
+						return e.Convert(ctx, ConvertConfig{Sources: []string{src}, SourceFormat: "raw", Dest: img,
+							DestFormat: "qcow2", NoCreate: true, Workers: DefaultWorkers})
+					})
 				} else {
 					res[i] = qemuImg(t, d, args...)
 				}
@@ -76,18 +84,18 @@ func TestReproOverlapGuestWriteLikeQemu(t *testing.T) {
 				}
 			}
 			q, o := res[0], res[1]
-			if q.code != 1 || o.code != q.code {
-				t.Errorf("exit: qemu-img %d, ovis %d", q.code, o.code)
+			if q.Code != 1 || o.Code != q.Code {
+				t.Errorf("exit: qemu-img %d, ovis %d", q.Code, o.Code)
 			}
-			if !strings.HasPrefix(q.stderr, markingLine) {
-				t.Errorf("qemu-img did not report the overlap: %q", q.stderr)
+			if !strings.HasPrefix(q.Stderr, markingLine) {
+				t.Errorf("qemu-img did not report the overlap: %q", q.Stderr)
 			}
 			// ovis reports the event as QEMU does, before the failure,
 			// and the request fails with EIO.
-			if !strings.HasPrefix(o.stderr, markingLine) || !strings.HasSuffix(o.stderr, ": Input/output error\n") {
-				t.Errorf("ovis: %q, want the marking line and an Input/output error as qemu-img's %q", o.stderr, q.stderr)
+			if !strings.HasPrefix(o.Stderr, markingLine) || !strings.HasSuffix(o.Stderr, ": Input/output error\n") {
+				t.Errorf("ovis: %q, want the marking line and an Input/output error as qemu-img's %q", o.Stderr, q.Stderr)
 			}
-			if qe, oe := normStderr(q.stderr), normStderr(o.stderr); qe != oe {
+			if qe, oe := testutil.NormStderr(q.Stderr), testutil.NormStderr(o.Stderr); qe != oe {
 				t.Errorf("stderr differs:\nqemu-img %q\n    ovis %q", qe, oe)
 			}
 		})

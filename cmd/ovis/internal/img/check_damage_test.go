@@ -1,4 +1,4 @@
-package main
+package img
 
 import (
 	"bytes"
@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,9 +17,10 @@ import (
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
-// Regression tests for check -r and snapshot on guest data and hostile
-// input (issue 14, cases 2, 3 and 8), each against a twin image handled
-// by qemu-img.
+// check -r, snapshot and amend on damaged and hostile images (issue 14,
+// cases 2, 3 and 8, and what the fuzz tests below found), each against a
+// twin image handled by qemu-img: the verb runs in process (runVerb), on
+// o.qcow2, and qemu-img on q.qcow2 beside it.
 
 // pokeBE writes v big-endian, in n bytes, at off in the file at path.
 func pokeBE(t testing.TB, path string, off int64, n int, v uint64) {
@@ -109,6 +109,7 @@ func sameFile(t *testing.T, what, a, b string) {
 // next write overwrote the guest data). qemu-img counts up to the largest
 // refcount and reports each further reference as an overflow.
 func TestReproCheckRefcountOverflow(t *testing.T) {
+	t.Parallel()
 	for _, bits := range []int{1, 2, 4, 8} {
 		t.Run(fmt.Sprintf("refcount_bits=%d", bits), func(t *testing.T) {
 			dir, q, o := twins(t, func(p string) {
@@ -120,7 +121,7 @@ func TestReproCheckRefcountOverflow(t *testing.T) {
 					pokeBE(t, p, 0x40000+int64(i)*8, 8, 0x8000000000050000)
 				}
 			})
-			sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+			testutil.SameOutput(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisCheck(o, "all"))
 			sameFile(t, "after check -r all", q, o)
 			testutil.QemuIO(t, o, "qcow2", "write -q -P 0x77 1M 64k")
 			if !readsPattern(t, o, 0x5a, 0, 64<<10) {
@@ -151,8 +152,8 @@ func TestReproCheckRefcountTableHostile(t *testing.T) {
 				testutil.QemuIO(t, p, "qcow2", "write -q -P 0x5a 0 64k")
 				pokeBE(t, p, tc.off, tc.n, tc.v)
 			})
-			sameResult(t, "check", qemuImg(t, dir, "check", "q.qcow2"), ovisImg(t, dir, "check", "o.qcow2"))
-			sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+			testutil.SameOutput(t, "check", qemuImg(t, dir, "check", "q.qcow2"), ovisCheck(o, ""))
+			testutil.SameOutput(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisCheck(o, "all"))
 			if c := qemuCheckCounts(t, o); !c.ok || c.Corruptions != 0 || c.CheckErrors != 0 {
 				t.Errorf("qemu-img check after ovis's repair: %+v", c)
 			}
@@ -251,9 +252,9 @@ func TestReproSnapshotFailureLeavesImage(t *testing.T) {
 				t.Fatal(err)
 			}
 			qr := qemuImg(t, dir, append(append([]string{"snapshot"}, tc.args...), "q.qcow2")...)
-			or := ovisImg(t, dir, append(append([]string{"snapshot"}, tc.args...), "o.qcow2")...)
-			sameResult(t, "snapshot", qr, or)
-			if or.code == 0 {
+			or := runVerb(snapshotVerb(o, tc.args))
+			testutil.SameOutput(t, "snapshot", qr, or)
+			if or.Code == 0 {
 				t.Fatalf("snapshot %v succeeded", tc.args)
 			}
 			after := qemuCheckCounts(t, o)
@@ -304,13 +305,14 @@ func snapshotEntry(t *testing.T, path string, i int) []byte {
 // 7.2's byte for byte but for the date: 24 bytes of extra data, and an
 // entry read with 16 bytes rewritten with 24, its unknown icount all ones.
 func TestSnapshotTableEntryLikeQemu(t *testing.T) {
+	t.Parallel()
 	for _, compat := range []string{"1.1", "0.10"} {
 		t.Run("compat="+compat, func(t *testing.T) {
-			dir, q, o := twins(t, func(p string) {
+			_, q, o := twins(t, func(p string) {
 				testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "compat="+compat, p, "64M")
 			})
 			testutil.QemuImg(t, "snapshot", "-c", "s1", q)
-			mustOvisImg(t, dir, "snapshot", "-c", "s1", "o.qcow2")
+			mustRun(t, snapshotVerb(o, []string{"-c", "s1"}))
 			if a, b := snapshotEntry(t, q, 0), snapshotEntry(t, o, 0); !bytes.Equal(a, b) {
 				t.Errorf("new entry:\nqemu-img % x\n    ovis % x", a, b)
 			}
@@ -332,7 +334,7 @@ func TestSnapshotTableEntryLikeQemu(t *testing.T) {
 				}
 			}
 			testutil.QemuImg(t, "snapshot", "-c", "s2", q)
-			mustOvisImg(t, dir, "snapshot", "-c", "s2", "o.qcow2")
+			mustRun(t, snapshotVerb(o, []string{"-c", "s2"}))
 			for i := range 2 {
 				if a, b := snapshotEntry(t, q, i), snapshotEntry(t, o, i); !bytes.Equal(a, b) {
 					t.Errorf("rewritten entry %d:\nqemu-img % x\n    ovis % x", i, a, b)
@@ -355,6 +357,7 @@ func peekSize(t *testing.T, p string) int64 {
 // TestAmendDirtyImageLikeQemu: amend of an image left dirty with lazy
 // refcounts prints the repair QEMU's open makes, and leaves the same file.
 func TestAmendDirtyImageLikeQemu(t *testing.T) {
+	t.Parallel()
 	for _, opt := range []string{"compat=0.10", "lazy_refcounts=off", "refcount_bits=8", "cluster_size=4096"} {
 		t.Run(opt, func(t *testing.T) {
 			dir, q, o := twins(t, func(p string) {
@@ -364,7 +367,9 @@ func TestAmendDirtyImageLikeQemu(t *testing.T) {
 					t.Fatal("image not dirty")
 				}
 			})
-			sameResult(t, "amend", qemuImg(t, dir, "amend", "-o", opt, "q.qcow2"), ovisImg(t, dir, "amend", "-o", opt, "o.qcow2"))
+			testutil.SameOutput(t, "amend", qemuImg(t, dir, "amend", "-o", opt, "q.qcow2"), runVerb(func(ctx context.Context, e *Env) error {
+				return e.Amend(ctx, AmendConfig{Options: []string{opt}, Filenames: []string{o}})
+			}))
 			// ovis lays out a new refcount width its own way.
 			if !strings.HasPrefix(opt, "refcount_bits") {
 				sameFile(t, "after amend", q, o)
@@ -386,6 +391,7 @@ func TestAmendDirtyImageLikeQemu(t *testing.T) {
 // keeps, and must leave no more corruptions than qemu-img's repair
 // leaves. OVIS_CHECK_FUZZ=N runs N cases instead of the bounded default.
 func TestCheckRepairFuzzLikeQemu(t *testing.T) {
+	t.Parallel()
 	n := 20
 	if raceEnabled {
 		n = 10
@@ -417,16 +423,18 @@ func TestCheckRepairFuzzLikeQemu(t *testing.T) {
 		pokeBE(t, q, off, size, val)
 		copyFile(t, q, o)
 		qr := qemuImg(t, dir, "check", "-r", "all", "q.qcow2")
-		stderr, ok := runOvisBounded(t, dir, name, "img", "check", "-r", "all", "o.qcow2")
+		stderr, ok := runBounded(t, name, func(ctx context.Context, e *Env) error {
+			return e.Check(ctx, CheckConfig{Filename: o, Repair: "all", Output: "human"})
+		})
 		if !ok {
 			continue
 		}
-		if os.Getenv("OVIS_CHECK_FUZZ_LOG") != "" && normStderr(qr.stderr) != normStderr(stderr) {
-			t.Logf("%s: messages differ\nqemu-img: %s\novis: %s", name, qr.stderr, stderr)
+		if os.Getenv("OVIS_CHECK_FUZZ_LOG") != "" && testutil.NormStderr(qr.Stderr) != testutil.NormStderr(stderr) {
+			t.Logf("%s: messages differ\nqemu-img: %s\novis: %s", name, qr.Stderr, stderr)
 		}
 		qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
 		if qc.ok && (!oc.ok || oc.Corruptions > qc.Corruptions || oc.CheckErrors > qc.CheckErrors) {
-			t.Errorf("%s: qemu-img check after ovis's repair %+v, after qemu-img's %+v\nqemu-img -r all: %s\novis -r all: %s", name, oc, qc, qr.stderr, stderr)
+			t.Errorf("%s: qemu-img check after ovis's repair %+v, after qemu-img's %+v\nqemu-img -r all: %s\novis -r all: %s", name, oc, qc, qr.Stderr, stderr)
 		}
 		if !qc.ok {
 			continue
@@ -485,26 +493,35 @@ func fuzzBases(t *testing.T, dir string) []fuzzBase {
 	return bases
 }
 
-// runOvisBounded runs ovis with args in dir, failing the test (and
-// returning false) if it runs for a minute or panics.
-func runOvisBounded(t *testing.T, dir, name string, args ...string) (string, bool) {
+// runBounded runs verb in process as runVerb does and returns what it
+// printed on stderr, failing the test (and returning false) if it runs
+// for a minute or panics.
+func runBounded(t *testing.T, name string, verb func(ctx context.Context, e *Env) error) (string, bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, ovisBin, args...)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	cmd.Run()
-	if ctx.Err() != nil {
-		t.Errorf("%s: ovis %s hung", name, strings.Join(args, " "))
+	type ran struct {
+		out   testutil.Output
+		panic any
+	}
+	done := make(chan ran, 1)
+	go func() {
+		var r ran
+		defer func() {
+			r.panic = recover()
+			done <- r
+		}()
+		r.out = runVerb(verb)
+	}()
+	select {
+	case r := <-done:
+		if r.panic != nil {
+			t.Errorf("%s: the verb crashed: %v", name, r.panic)
+			return "", false
+		}
+		return r.out.Stderr, true
+	case <-time.After(60 * time.Second):
+		t.Errorf("%s: the verb hung", name)
 		return "", false
 	}
-	if strings.Contains(stderr.String(), "panic:") || strings.Contains(stderr.String(), "goroutine ") {
-		t.Errorf("%s: ovis %s crashed:\n%s", name, strings.Join(args, " "), stderr.String())
-		return "", false
-	}
-	return stderr.String(), true
 }
 
 // TestSnapshotFuzzLikeQemu damages images as TestCheckRepairFuzzLikeQemu
@@ -514,6 +531,7 @@ func runOvisBounded(t *testing.T, dir, name string, args ...string) (string, boo
 // damage made, and the guest data as it was unless a snapshot was
 // applied. OVIS_SNAPSHOT_FUZZ=N runs N cases.
 func TestSnapshotFuzzLikeQemu(t *testing.T) {
+	t.Parallel()
 	n := 10
 	if raceEnabled {
 		n = 5
@@ -546,14 +564,14 @@ func TestSnapshotFuzzLikeQemu(t *testing.T) {
 		}
 		raw, rawOK := convertRaw(t, o)
 		qr := qemuImg(t, dir, append(append([]string{"snapshot"}, verb...), "q.qcow2")...)
-		stderr, ok := runOvisBounded(t, dir, name, append(append([]string{"img", "snapshot"}, verb...), "o.qcow2")...)
+		stderr, ok := runBounded(t, name, snapshotVerb(o, verb))
 		if !ok {
 			continue
 		}
 		// On a damaged image qemu-img may spread the damage too: ovis
 		// must do no worse than the damage or qemu-img, whichever is
 		// worse.
-		if qr.code != 0 && qr.code != 1 {
+		if qr.Code != 0 && qr.Code != 1 {
 			// qemu-img crashed (an assertion on a table at offset 0):
 			// nothing to compare with.
 			continue
@@ -565,7 +583,7 @@ func TestSnapshotFuzzLikeQemu(t *testing.T) {
 			bound.CheckErrors = max(bound.CheckErrors, qafter.CheckErrors)
 		}
 		if !after.ok || after.Corruptions > bound.Corruptions || after.CheckErrors > bound.CheckErrors {
-			t.Errorf("%s: qemu-img check %+v after ovis, %+v before, %+v after qemu-img\nqemu-img: %d %s\novis: %s", name, after, before, qafter, qr.code, qr.stderr, stderr)
+			t.Errorf("%s: qemu-img check %+v after ovis, %+v before, %+v after qemu-img\nqemu-img: %d %s\novis: %s", name, after, before, qafter, qr.Code, qr.Stderr, stderr)
 		}
 		if verb[0] == "-a" || !rawOK {
 			continue
@@ -574,7 +592,7 @@ func TestSnapshotFuzzLikeQemu(t *testing.T) {
 			continue
 		}
 		if got, ok := convertRaw(t, o); !ok || !bytes.Equal(got, raw) {
-			t.Errorf("%s: guest data changed, qemu-img's twin kept it\nqemu-img: %d %s\novis: %s", name, qr.code, qr.stderr, stderr)
+			t.Errorf("%s: guest data changed, qemu-img's twin kept it\nqemu-img: %d %s\novis: %s", name, qr.Code, qr.Stderr, stderr)
 		}
 	}
 }
@@ -673,6 +691,7 @@ func fuzzDamage(t *testing.T, rng *rand.Rand, path string) (what string, off int
 // repaired otherwise than qemu-img repairs it: messages, exit code and
 // resulting file must match.
 func TestReproCheckFuzzFindings(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, opts string
 		off        int64
@@ -689,7 +708,7 @@ func TestReproCheckFuzzFindings(t *testing.T) {
 				testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 12k", "write -q -P 0x22 64k 8k")
 				pokeBE(t, p, tc.off, 8, tc.v)
 			})
-			sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+			testutil.SameOutput(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisCheck(o, "all"))
 			sameFile(t, "after check -r all", q, o)
 			qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
 			if !oc.ok || oc.Corruptions > qc.Corruptions || oc.CheckErrors > qc.CheckErrors {
@@ -704,12 +723,13 @@ func TestReproCheckFuzzFindings(t *testing.T) {
 // refcount table (found by TestCheckRepairFuzzLikeQemu): QEMU's overlap
 // check refuses the write, marks the image corrupt and fails the check.
 func TestReproCheckL2OverlapsMetadata(t *testing.T) {
+	t.Parallel()
 	dir, q, o := twins(t, func(p string) {
 		testutil.QemuImg(t, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096,refcount_bits=1", p, "2M")
 		testutil.QemuIO(t, p, "qcow2", "write -q -P 0x11 0 8k", "write -q -P 0x22 512k 4k")
 		pokeBE(t, p, 0x3000, 8, 0x8000000000001000)
 	})
-	sameResult(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisImg(t, dir, "check", "-r", "all", "o.qcow2"))
+	testutil.SameOutput(t, "check -r all", qemuImg(t, dir, "check", "-r", "all", "q.qcow2"), ovisCheck(o, "all"))
 	qc, oc := qemuCheckCounts(t, q), qemuCheckCounts(t, o)
 	if !oc.ok || oc.CheckErrors > qc.CheckErrors || oc.Corruptions > qc.Corruptions {
 		t.Errorf("qemu-img check after ovis's repair %+v, after qemu-img's %+v", oc, qc)
@@ -717,4 +737,33 @@ func TestReproCheckL2OverlapsMetadata(t *testing.T) {
 	if peekBE(t, o, 0x1000, 8) != 0x2000 {
 		t.Errorf("refcount table entry 0 is %#x, want 0x2000", peekBE(t, o, 0x1000, 8))
 	}
+}
+
+// ovisCheck is check [-r repair] of the image at path, in process.
+func ovisCheck(path, repair string) testutil.Output {
+	return runVerb(func(ctx context.Context, e *Env) error {
+		return e.Check(ctx, CheckConfig{Filename: path, Repair: repair, Output: "human"})
+	})
+}
+
+// snapshotVerb is `snapshot ARGS path` for ARGS -c, -a or -d and a name.
+func snapshotVerb(path string, args []string) func(ctx context.Context, e *Env) error {
+	action := map[string]string{"-c": SnapshotCreate, "-a": SnapshotApply, "-d": SnapshotDelete}[args[0]]
+	return func(ctx context.Context, e *Env) error {
+		return e.Snapshot(ctx, SnapshotConfig{Filename: path, Action: action, Name: args[1]})
+	}
+}
+
+// mustRun runs verb as runVerb does and fails the test unless it
+// succeeds.
+func mustRun(t *testing.T, verb func(ctx context.Context, e *Env) error) {
+	t.Helper()
+	if r := runVerb(verb); r.Code != 0 {
+		t.Fatalf("exit %d\nstderr: %s\nstdout: %s", r.Code, r.Stderr, r.Stdout)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	testutil.CopyFile(t, from, to)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/internal/testutil"
+	"github.com/ovis-storage/ovis/internal/twin"
 )
 
 // Regression tests of ovis nbd against qemu-nbd 7.2 as a drop-in: what it
@@ -125,7 +126,7 @@ func binOf(name string) string {
 // copySparse copies src to dst, keeping holes.
 func copySparse(t *testing.T, src, dst string) {
 	t.Helper()
-	if err := sparseCopy(src, dst); err != nil {
+	if err := twin.SparseCopy(src, dst); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,5 @@
+//go:build race
+
+package img
+
+func init() { raceEnabled = true }
