@@ -9,7 +9,6 @@ import (
 	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/recovery"
-	"github.com/ovis-storage/ovis/cluster/store"
 	"github.com/ovis-storage/ovis/cluster/view"
 )
 
@@ -118,29 +117,9 @@ func (k *ranker) judge(ctx context.Context, obj object.ID, copies []recovery.Cop
 // nodes that holds nothing an Absent copy with its rank, when that rank
 // says something (above 0).
 func (k *ranker) rank(ctx context.Context, obj object.ID, vd membership.VDI, copies []recovery.Copy, nodes []string, placed map[uint64][]string) ([]recovery.Copy, error) {
-	var err error
-	rankOf := func(id string, version uint64) (uint64, error) {
+	return recovery.Ranked(copies, nodes, k.upTo, func(id string, version uint64) (uint64, error) {
 		return recovery.Rank(version, k.rec[id], vd.Epoch, k.upTo, k.r.placedFn(ctx, obj, vd, id, placed))
-	}
-	for i := range copies {
-		if copies[i].Rank, err = rankOf(copies[i].Node, copies[i].Version); err != nil {
-			return nil, err
-		}
-		copies[i].Live = copies[i].Rank == k.upTo && store.VersionEpoch(copies[i].Version) == k.upTo
-	}
-	for _, id := range nodes {
-		if slices.ContainsFunc(copies, func(c recovery.Copy) bool { return c.Node == id }) {
-			continue
-		}
-		rk, err := rankOf(id, 0)
-		if err != nil {
-			return nil, err
-		}
-		if rk > 0 {
-			copies = append(copies, recovery.Copy{Node: id, Absent: true, Rank: rk})
-		}
-	}
-	return copies, nil
+	})
 }
 
 // placement returns obj's replicas in epoch e, with the VDI's copies of

@@ -235,7 +235,11 @@ func Decide(self string, copies []Copy) Step {
 		return Step{Action: Trust, Version: own.Version}
 	case best == own:
 		return Step{Action: Keep, Version: own.Version}
-	case own != nil && !own.Absent && !own.Suspect && own.Version == best.Version && own.Tombstone == best.Tombstone:
+	case own != nil && !own.Absent && !own.Suspect && own.Rank == best.Rank && own.Version == best.Version && own.Tombstone == best.Tombstone:
+		// Equal versions mean equal bytes only within one rank: each
+		// replica counts its own writes, so a cut-off writer's copy of a
+		// lower rank can reach the version of the others' acknowledged
+		// write with other bytes.
 		return Step{Action: Keep, Version: own.Version}
 	}
 	st := Step{Action: Pull, Source: best.Node, Version: best.Version, FromSuspect: best.Suspect}
@@ -315,6 +319,39 @@ func Rank(version, recovered, created, upTo uint64, placed func(e uint64) (ok, k
 		best = max(best, e)
 	}
 	return best, nil
+}
+
+// Ranked completes the copies the nodes of nodes hold of one object,
+// for a decision in epoch upTo, as Decide and Unfound take them: it sets
+// each copy's Rank (rank gives it for a node and a version, as Rank
+// does; 0 for a node that holds nothing) and Live (it ranks at upTo and
+// its version is of upTo), and appends for each node of nodes that holds
+// nothing an Absent copy with its rank, when that rank says something
+// (above 0). The node's recovery and the model test both rank through
+// it, so that the model checks the rule the node runs.
+func Ranked(copies []Copy, nodes []string, upTo uint64, rank func(node string, version uint64) (uint64, error)) ([]Copy, error) {
+	for i := range copies {
+		r, err := rank(copies[i].Node, copies[i].Version)
+		if err != nil {
+			return nil, err
+		}
+		copies[i].Rank = r
+		copies[i].Live = r == upTo && copies[i].Version>>32 == upTo
+	}
+	held := len(copies)
+	for _, id := range nodes {
+		if slices.ContainsFunc(copies[:held], func(c Copy) bool { return c.Node == id }) {
+			continue
+		}
+		r, err := rank(id, 0)
+		if err != nil {
+			return nil, err
+		}
+		if r > 0 {
+			copies = append(copies, Copy{Node: id, Absent: true, Rank: r})
+		}
+	}
+	return copies, nil
 }
 
 // PlacedRun returns the last epoch of the unbroken run of epochs from s

@@ -49,6 +49,9 @@ func TestDecide(t *testing.T) {
 		// copies of the nodes that went on (rank 5) win.
 		{"cut-off own copy loses to a higher rank", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 2, Replace: true}},
 		{"cut-off other copy is not chosen", []Copy{{Node: "a", Version: 4<<32 | 2, Rank: 5}, {Node: "c", Version: 4<<32 | 3, Rank: 4}}, Step{Action: Keep, Version: 4<<32 | 2}},
+		// Each replica counts its own writes: the cut-off copy's version
+		// can equal the others' with other bytes (TestHistories found it).
+		{"cut-off own copy at the same version loses to a higher rank", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 3, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 3, Replace: true}},
 		{"cut-off own tombstone loses to the data", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4, Tombstone: true}, {Node: "b", Version: 4<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 2, Replace: true}},
 		{"cut-off own data loses to a tombstone", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 2, Rank: 5, Tombstone: true}}, Step{Action: PullTombstone, Source: "b", Version: 4<<32 | 2, Replace: true}},
 		{"a newer write wins over a higher rank's older one only by rank", []Copy{{Node: "a", Version: 3<<32 | 1, Rank: 6}, {Node: "b", Version: 6<<32 | 1, Rank: 6}}, Step{Action: Pull, Source: "b", Version: 6<<32 | 1}},
@@ -181,28 +184,27 @@ func TestHistories(t *testing.T) {
 		}
 		hist[epoch] = place()
 		placedAt := func(e uint64, n string) bool { return slices.Contains(hist[e], n) }
-		// rank is cluster/node's, Rank, with the VDI made in epoch 1.
-		rank := func(n string, c *copyOf) uint64 {
-			r, err := Rank(c.version, rec[n], 1, epoch, func(e uint64) (bool, bool, error) {
-				return placedAt(e, n), true, nil
+		// copiesNow ranks the live nodes' copies as cluster/node does
+		// (Ranked over Rank), with the VDI made in epoch 1.
+		copiesNow := func() []Copy {
+			var cs []Copy
+			var ids []string
+			for _, n := range nodes {
+				if !live[n] {
+					continue
+				}
+				ids = append(ids, n)
+				if c := held[n]; c != nil {
+					cs = append(cs, Copy{Node: n, Version: c.version, Suspect: c.suspect, Tombstone: c.tombstone})
+				}
+			}
+			cs, err := Ranked(cs, ids, epoch, func(n string, version uint64) (uint64, error) {
+				return Rank(version, rec[n], 1, epoch, func(e uint64) (bool, bool, error) {
+					return placedAt(e, n), true, nil
+				})
 			})
 			if err != nil {
 				t.Fatal(err)
-			}
-			return r
-		}
-		copiesNow := func() []Copy {
-			var cs []Copy
-			for _, n := range nodes {
-				switch c := held[n]; {
-				case !live[n]:
-				case c != nil:
-					cs = append(cs, Copy{Node: n, Version: c.version, Suspect: c.suspect, Tombstone: c.tombstone, Rank: rank(n, c)})
-				default:
-					if r := rank(n, &copyOf{}); r > 0 {
-						cs = append(cs, Copy{Node: n, Absent: true, Rank: r})
-					}
-				}
 			}
 			return cs
 		}
