@@ -1067,6 +1067,15 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 		}
 		return err
 	case recovery.Pull:
+		if st.Verify {
+			same, err := r.sameBytes(ctx, v, obj, st)
+			if err != nil {
+				return err
+			}
+			if same {
+				return nil // this copy is the source's: kept
+			}
+		}
 		data, ver, err := r.fetch(ctx, v, obj, st)
 		if err != nil {
 			return err
@@ -1094,6 +1103,39 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 		return nil
 	}
 	return fmt.Errorf("object %s: unknown recovery step %v", obj, st.Action)
+}
+
+// sameBytes reports whether this node's copy of obj and st.Source's
+// hold the same bytes at st.Version (recovery.Step.Verify): each
+// checksummed where it is, so that only two checksums cross the network.
+// A copy that moved on meanwhile, or went, is not the same.
+func (r *recoverer) sameBytes(ctx context.Context, v *view.View, obj object.ID, st recovery.Step) (bool, error) {
+	crc, ver, err := r.n.st.Checksum(obj)
+	switch {
+	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrSuspect):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("object %s: checksum of this copy: %w", obj, err)
+	case ver != st.Version:
+		return false, nil
+	}
+	addr := v.Addr[st.Source]
+	if addr == "" {
+		return false, fmt.Errorf("object %s: source %s left the epoch", obj, st.Source)
+	}
+	var resp protocol.Response
+	req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
+	if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
+		if protocol.StatusOf(err) == protocol.StatusNoEnt {
+			return false, nil
+		}
+		return false, fmt.Errorf("object %s: checksum on %s: %w", obj, st.Source, err)
+	}
+	scrc, sver, err := protocol.ParseChecksumReply(resp.Payload)
+	if err != nil {
+		return false, fmt.Errorf("object %s: checksum on %s: %w", obj, st.Source, err)
+	}
+	return scrc == crc && sver == ver, nil
 }
 
 // hide withholds obj from readers before a pull of st stores it, when

@@ -177,6 +177,12 @@ type Step struct {
 	// least as high as Version's; it is replaced anyway (not the
 	// store's conditional Put).
 	Replace bool
+	// Verify (Pull): the node's own copy, of a lower rank, has the
+	// source's version; it is replaced only if its bytes differ from the
+	// source's (a checksum of each), and kept otherwise, so that a node
+	// back from an outage does not copy again every object nobody wrote
+	// meanwhile.
+	Verify bool
 	// Hide (Pull, PullTombstone): another good copy of the source's
 	// rank lacks Version, so Version holds a write that was never
 	// acknowledged (an acknowledged one reached every copy current in
@@ -235,11 +241,9 @@ func Decide(self string, copies []Copy) Step {
 		return Step{Action: Trust, Version: own.Version}
 	case best == own:
 		return Step{Action: Keep, Version: own.Version}
-	case own != nil && !own.Absent && !own.Suspect && own.Rank == best.Rank && own.Version == best.Version && own.Tombstone == best.Tombstone:
-		// Equal versions mean equal bytes only within one rank: each
-		// replica counts its own writes, so a cut-off writer's copy of a
-		// lower rank can reach the version of the others' acknowledged
-		// write with other bytes.
+	case own != nil && !own.Absent && !own.Suspect && own.Version == best.Version && own.Tombstone == best.Tombstone && (own.Rank == best.Rank || own.Tombstone):
+		// Equal versions mean equal bytes within one rank, and two
+		// tombstones are the same removal.
 		return Step{Action: Keep, Version: own.Version}
 	}
 	st := Step{Action: Pull, Source: best.Node, Version: best.Version, FromSuspect: best.Suspect}
@@ -249,6 +253,11 @@ func Decide(self string, copies []Copy) Step {
 	// A good own copy at a version as high is of a lower rank: it holds
 	// writes never acknowledged, and is replaced all the same.
 	st.Replace = own != nil && !own.Absent && !own.Suspect && own.Version >= best.Version
+	// Across ranks an equal version says nothing of the bytes: each
+	// replica counts its own writes, so a cut-off writer's copy of a
+	// lower rank can reach the version of the others' acknowledged write
+	// with other bytes. The copies are compared before any is moved.
+	st.Verify = st.Replace && own.Version == best.Version && !best.Tombstone
 	for _, c := range copies {
 		if c.Node == self || c.Node == best.Node || c.Rank != best.Rank || c.Suspect {
 			continue

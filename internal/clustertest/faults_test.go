@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/ovis-storage/ovis/block"
 	"github.com/ovis-storage/ovis/cluster/admin"
+	"github.com/ovis-storage/ovis/cluster/object"
 	"github.com/ovis-storage/ovis/cluster/placement"
+	"github.com/ovis-storage/ovis/cluster/store"
 )
 
 // eventually polls ok every 50 ms until it returns nil, failing the
@@ -221,4 +224,97 @@ func TestCutOffNodeLeaves(t *testing.T) {
 			eventually(t, time.Minute, "after the links healed", func() error { return checked(ctx, c, objects) })
 		})
 	}
+}
+
+// TestReturnPullsOnlyWhatDiffers (issue 26, Decide's equal versions):
+// three nodes, copies 3, eight objects. While n2 is away, objects 0..3
+// are written again; n2's copy of object 5 gets other bytes at its own
+// version (as a cut-off writer's unacknowledged write can reach the
+// others' count). Back, n2 must pull exactly the five that differ, and
+// keep the three nobody wrote: ranks differ, versions are equal, and the
+// checksums decide. Every copy then agrees (cluster check).
+func TestReturnPullsOnlyWhatDiffers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const objects = 8
+	c := Start(t, Options{Nodes: 3})
+	c.Format(ctx, 3)
+	vd := c.CreateVDI(ctx, "disk", objects<<22, 22)
+	c.AwaitNodes(3)
+	exp, err := c.Open(ctx, 0, "disk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := exp.Device
+	writeAll(ctx, t, dev, objects, 1)
+	eventually(t, 30*time.Second, "the copies agree", func() error { return checked(ctx, c, objects) })
+
+	c.Kill(2)
+	c.AwaitNodes(2)
+	for i := range 4 {
+		if _, err := dev.WriteAt(ctx, bytes.Repeat([]byte{2}, 4096), int64(i)<<22, 0); err != nil {
+			t.Fatalf("write of object %d with n2 away: %v", i, err)
+		}
+	}
+	if err := dev.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// n2's copy of object 5: other bytes, the same version.
+	st, err := store.Open(filepath.Join(c.cfgs[2].Dir, "objects"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj := object.Make(vd.ID, 5)
+	in, err := st.Stat(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Replace(obj, in.Version, bytes.Repeat([]byte{9}, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c.Restart(2)
+	c.AwaitNodes(3)
+	var stats admin.RecoveryStats
+	eventually(t, 60*time.Second, "n2 recovers", func() error {
+		for _, ns := range nodeList(ctx, t, c) {
+			if ns.ID == c.ID(2) {
+				stats = ns.Recovery
+				if ns.Recovery.Done < ns.Epoch {
+					return fmt.Errorf("n2 at epoch %d recovered %d", ns.Epoch, ns.Recovery.Done)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("node list lacks n2")
+	})
+	if stats.Recovered != 5 {
+		t.Errorf("n2 recovered %d objects, want 5 (objects 0..3 written while it was away, and object 5)", stats.Recovered)
+	}
+	eventually(t, 30*time.Second, "the copies agree", func() error { return checked(ctx, c, objects) })
+	got := make([]byte, 4096)
+	for i := range objects {
+		want := byte(1)
+		if i < 4 {
+			want = 2
+		}
+		if _, err := dev.ReadAt(ctx, got, int64(i)<<22); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{want}, 4096)) {
+			t.Fatalf("object %d reads %d... (%v), want %d", i, got[0], err, want)
+		}
+	}
+}
+
+// nodeList is node list through node 0.
+func nodeList(ctx context.Context, t *testing.T, c *Cluster) []admin.NodeStatus {
+	t.Helper()
+	list, err := admin.NodeList.Do(ctx, c.Admin(0), admin.None{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list
 }
