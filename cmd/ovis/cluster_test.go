@@ -60,6 +60,34 @@ func startClusterNode(t *testing.T, dir, etcd string, extra ...string) *clusterN
 // (to run the node in a network namespace, say), listening on host.
 func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exec.Cmd, host, dir, etcd string, extra ...string) *clusterNode {
 	t.Helper()
+	n, err := tryStartClusterNode(t, mk, host, dir, etcd, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// restartClusterNode starts `ovis node` on dir again at its old node
+// address addr, or, when another process took that port meanwhile (an
+// outgoing connection's ephemeral port can be any), at a new one: the
+// node's ID is kept in dir, so its address may change.
+func restartClusterNode(t *testing.T, dir, etcd, addr string, extra ...string) *clusterNode {
+	t.Helper()
+	n, err := tryStartClusterNode(t, exec.Command, "127.0.0.1", dir, etcd, append([]string{"--listen", addr}, extra...)...)
+	if err != nil && strings.Contains(err.Error(), "address already in use") {
+		t.Logf("node %s: its address %s is taken: a new one", dir, addr)
+		n, err = tryStartClusterNode(t, exec.Command, "127.0.0.1", dir, etcd, extra...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// tryStartClusterNode is startClusterNodeCmd returning its failure to
+// start.
+func tryStartClusterNode(t *testing.T, mk func(name string, args ...string) *exec.Cmd, host, dir, etcd string, extra ...string) (*clusterNode, error) {
+	t.Helper()
 	args := []string{"node", "--dir", dir, "--listen", host + ":0", "--nbd", host + ":0", "--metrics", host + ":0", "--log-level", "info"}
 	if etcd == "" {
 		args = append(args, "--etcd-listen", "http://127.0.0.1:0", "--etcd-peer", "http://127.0.0.1:0")
@@ -108,7 +136,7 @@ func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exe
 		case l, ok := <-lines:
 			if !ok {
 				<-n.exited
-				t.Fatalf("ovis %s exited (%v) before serving\nstderr:\n%s", strings.Join(args, " "), n.err, n.stderr)
+				return nil, fmt.Errorf("ovis %s exited (%v) before serving\nstderr:\n%s", strings.Join(args, " "), n.err, n.stderr)
 			}
 			if m := servingRE.FindStringSubmatch(l); m != nil {
 				n.addr = m[1]
@@ -123,14 +151,14 @@ func startClusterNodeCmd(t *testing.T, mk func(name string, args ...string) *exe
 				n.nbd = m[1]
 			}
 		case <-deadline:
-			t.Fatalf("ovis node did not start in 60 s\nstderr:\n%s", n.stderr)
+			return nil, fmt.Errorf("ovis node did not start in 60 s\nstderr:\n%s", n.stderr)
 		}
 	}
 	go func() {
 		for range lines {
 		}
 	}()
-	return n
+	return n, nil
 }
 
 // kill sends sig and waits for the process to end.

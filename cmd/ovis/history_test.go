@@ -437,7 +437,7 @@ func (c *histCluster) kill(i int) {
 // restart starts node i again on its directory and node address.
 func (c *histCluster) restart(i int) {
 	n := c.nodes[i]
-	p := startClusterNode(c.t, n.dir, c.etcd, "--listen", n.addr)
+	p := restartClusterNode(c.t, n.dir, c.etcd, n.addr)
 	c.mu.Lock()
 	n.proc, n.state = p, "up"
 	c.mu.Unlock()

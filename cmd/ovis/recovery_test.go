@@ -152,7 +152,7 @@ func TestClusterKillRestart(t *testing.T) {
 	startFio(t, dir, fioVerify(url, "0", "16M", true)...)()
 
 	// Node 4 comes back at its address, with the copies it had.
-	n4 = startClusterNode(t, n4.dir, n1.etcd, "--listen", n4.addr)
+	n4 = restartClusterNode(t, n4.dir, n1.etcd, n4.addr)
 	waitRecovered(t, n1, 4)
 	checkAll(t, n1, "after node 4 came back")
 	startFio(t, dir, fioVerify(url, "0", "16M", true)...)()
@@ -267,7 +267,7 @@ func TestClusterDeleteWhileAway(t *testing.T) {
 	n3.kill(syscall.SIGKILL)
 	waitRecovered(t, n1, 2)
 	n1.mustAdmin(t, "vdi", "delete", "old")
-	n3 = startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	n3 = restartClusterNode(t, n3.dir, n1.etcd, n3.addr)
 	waitRecovered(t, n1, 3)
 	// "kept" has 4 objects of 4 MiB, on all three nodes; "old" nothing.
 	waitUntil(t, 20*time.Second, func() (bool, string) {
@@ -308,7 +308,7 @@ func TestClusterStrict(t *testing.T) {
 	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "read -P 0x44 0 8M"); r.code != 0 || strings.Contains(r.stdout, "fail") {
 		t.Errorf("reads with 2 of 3 nodes: %s%s", r.stdout, r.stderr)
 	}
-	startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	restartClusterNode(t, n3.dir, n1.etcd, n3.addr)
 	waitRecovered(t, n1, 3)
 	if r := runQemuIO(t, dir, "-f", "raw", url, "-c", "write -P 0x55 0 4k", "-c", "read -P 0x55 0 4k", "-c", "read -P 0x44 4k 4k"); r.code != 0 || strings.Contains(r.stdout, "fail") {
 		t.Errorf("a write once the node is back: %s%s", r.stdout, r.stderr)
@@ -411,7 +411,7 @@ func TestClusterPowerLoss(t *testing.T) {
 	// Back in reverse order, each at its own port.
 	var back []*clusterNode
 	for i := len(nodes) - 1; i >= 0; i-- {
-		back = append(back, startClusterNode(t, nodes[i].dir, etcd, "--listen", nodes[i].addr))
+		back = append(back, restartClusterNode(t, nodes[i].dir, etcd, nodes[i].addr))
 	}
 	n3 := back[0]
 	waitRecovered(t, n3, 3)
@@ -487,7 +487,7 @@ func TestClusterTrimWhileAway(t *testing.T) {
 	if got := objectFiles(t, n3); got != 4 {
 		t.Fatalf("node 3 holds %d object files while away, want its 4 old copies", got)
 	}
-	startClusterNode(t, n3.dir, n1.etcd, "--listen", n3.addr)
+	restartClusterNode(t, n3.dir, n1.etcd, n3.addr)
 	waitRecovered(t, n1, 3)
 	mustQemuIO(t, dir, "after the node that missed the trim returned", "-f", "raw", url, "-c", "read -P 0 0 8M", "-c", "read -P 0x3d 8M 8M")
 	checkAll(t, n1, "after the node that missed the trim returned")

@@ -150,7 +150,7 @@ func TestClusterAllHoldersAway(t *testing.T) {
 	readAllBlocks(t, dir, nodes[0], "after writing")
 
 	restart := func(n *clusterNode) *clusterNode {
-		return startClusterNode(t, n.dir, etcd, append([]string{"--listen", n.addr}, lease...)...)
+		return restartClusterNode(t, n.dir, etcd, n.addr, lease...)
 	}
 	// awayThenBack kills the nodes of down (the others keep serving),
 	// starts them again one at a time, stagger apart, and checks what the
@@ -381,7 +381,7 @@ func TestClusterMarkLost(t *testing.T) {
 	}
 	readLost("after mark-lost", n1)
 	// A holder returns after all: what was given up stays given up.
-	nodes[1] = startClusterNode(t, nodes[1].dir, etcd, append([]string{"--listen", nodes[1].addr}, lease...)...)
+	nodes[1] = restartClusterNode(t, nodes[1].dir, etcd, nodes[1].addr, lease...)
 	waitRecovered(t, n1, 2)
 	readLost("after a holder returned", n1)
 	readLost("after a holder returned, through it", nodes[1])
@@ -453,7 +453,7 @@ func TestClusterCheckFindsLostObject(t *testing.T) {
 		t.Fatalf("%d copies of object 5 found to remove, want 2", removed)
 	}
 	for i, n := range nodes {
-		nodes[i] = startClusterNode(t, n.dir, etcd, append([]string{"--listen", n.addr}, lease...)...)
+		nodes[i] = restartClusterNode(t, n.dir, etcd, n.addr, lease...)
 	}
 	waitUp(t, nodes[0], 3)
 	waitRecovered(t, nodes[0], 3)
