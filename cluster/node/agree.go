@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ovis-storage/ovis/cluster/object"
-	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/store"
 )
 
@@ -92,24 +91,11 @@ func (r *recoverer) agree(obj object.ID, e uint64) (bool, string) {
 		if id == r.n.id {
 			continue
 		}
-		addr, ok := v.Addr[id]
-		if !ok {
-			return false, "replica " + id + " has no address"
-		}
-		var resp protocol.Response
-		req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
-		err := r.n.net.Call(ctx, addr, req, &resp)
-		var in sum
-		switch {
-		case protocol.StatusOf(err) == protocol.StatusNoEnt:
-			in.none = true
-		case err != nil:
+		crc, _, none, err := r.peerChecksum(ctx, v, id, obj)
+		if err != nil {
 			return false, "replica " + id + ": " + err.Error()
-		default:
-			if in.crc, _, err = protocol.ParseChecksumReply(resp.Payload); err != nil {
-				return false, "replica " + id + ": " + err.Error()
-			}
 		}
+		in := sum{crc: crc, none: none}
 		if in != own {
 			return false, fmt.Sprintf("replica %s holds %+v, this node %+v", id, in, own)
 		}

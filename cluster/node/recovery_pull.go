@@ -207,23 +207,32 @@ func (r *recoverer) sameBytes(ctx context.Context, v *view.View, obj object.ID, 
 	case ver != st.Version:
 		return false, nil
 	}
-	addr := v.Addr[st.Source]
-	if addr == "" {
-		return false, fmt.Errorf("object %s: source %s left the epoch", obj, st.Source)
-	}
-	var resp protocol.Response
-	req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
-	if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
-		if protocol.StatusOf(err) == protocol.StatusNoEnt {
-			return false, nil
-		}
-		return false, fmt.Errorf("object %s: checksum on %s: %w", obj, st.Source, err)
-	}
-	scrc, sver, err := protocol.ParseChecksumReply(resp.Payload)
+	scrc, sver, none, err := r.peerChecksum(ctx, v, st.Source, obj)
 	if err != nil {
 		return false, fmt.Errorf("object %s: checksum on %s: %w", obj, st.Source, err)
 	}
-	return scrc == crc && sver == ver, nil
+	return !none && scrc == crc && sver == ver, nil
+}
+
+// peerChecksum asks node id of v for the checksum of its copy of obj as
+// it is (protocol.FlagRecovery: gated writes included) and its version;
+// none when it holds nothing of obj, or a tombstone.
+func (r *recoverer) peerChecksum(ctx context.Context, v *view.View, id string, obj object.ID) (crc uint32, version uint64, none bool, err error) {
+	addr, ok := v.Addr[id]
+	if !ok {
+		return 0, 0, false, fmt.Errorf("node %s is not in epoch %d", id, v.Epoch)
+	}
+	var resp protocol.Response
+	req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
+	err = r.n.net.Call(ctx, addr, req, &resp)
+	switch {
+	case protocol.StatusOf(err) == protocol.StatusNoEnt:
+		return 0, 0, true, nil
+	case err != nil:
+		return 0, 0, false, err
+	}
+	crc, version, err = protocol.ParseChecksumReply(resp.Payload)
+	return crc, version, false, err
 }
 
 // hide withholds obj from readers before a pull of st stores it, when
