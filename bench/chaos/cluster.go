@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +19,7 @@ import (
 	"github.com/ovis-storage/ovis/cluster/node"
 	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/internal/netns"
+	"github.com/ovis-storage/ovis/internal/nodeproc"
 )
 
 // Ports every node uses on its own namespace's address.
@@ -41,7 +40,7 @@ type member struct {
 	state     string // up, killed, stopped, cut, exited, left
 	id        string // the node's ID, from its first start
 	proc      *exec.Cmd
-	exited    chan struct{}
+	exited    <-chan struct{}
 	expect    bool // the driver ended the process (a signal)
 	fenceable bool // cut since the last settle: an exit is a fence
 	disturbed int  // counts the outages of this member (kill, stop, cut, leave, exit)
@@ -129,8 +128,6 @@ func freePort() (string, error) {
 	return p, nil
 }
 
-var servingRE = regexp.MustCompile(`^ovis node (\S+) serving on`)
-
 // newMember makes a member in a free slot, with a fresh directory.
 // Called with c.mu held.
 func (c *cluster) newMemberLocked() (*member, error) {
@@ -158,59 +155,43 @@ func (c *cluster) start(ctx context.Context, m *member) error {
 		"--nbd", net.JoinHostPort(c.nt.Addr(m.slot), nbdPort), "--etcd", c.etcdURL(), "--log-level", "info",
 		"--reserve", "16M")
 	cmd.Stderr = logf
-	out, err := cmd.StdoutPipe()
+	p, err := nodeproc.Start(cmd, func(l string) { fmt.Fprintln(logf, "stdout:", l) })
 	if err != nil {
 		logf.Close()
-		return err
+		return fmt.Errorf("%s: %w", m.name, err)
 	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("%s: starting: %w", m.name, err)
-	}
-	exited := make(chan struct{})
-	ready := make(chan string, 1)
 	c.mu.Lock()
-	m.proc, m.exited, m.expect, m.state = cmd, exited, false, "starting"
+	m.proc, m.exited, m.expect, m.state = cmd, p.Exited(), false, "starting"
 	c.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		sc := bufio.NewScanner(out)
-		id := ""
-		for sc.Scan() {
-			l := sc.Text()
-			fmt.Fprintln(logf, "stdout:", l)
-			if s := servingRE.FindStringSubmatch(l); s != nil {
-				id = s[1]
-			}
-			if strings.HasPrefix(l, "VDIs are served at") {
-				ready <- id
-			}
-		}
-		err := cmd.Wait()
-		fmt.Fprintf(logf, "=== %s exit: %v\n", time.Now().UTC().Format(time.RFC3339Nano), err)
+		<-p.Exited()
+		fmt.Fprintf(logf, "=== %s exit: %v\n", time.Now().UTC().Format(time.RFC3339Nano), p.Err())
 		logf.Close()
-		close(exited)
-		c.exitedProc(m, cmd, err)
+		c.exitedProc(m, cmd, p.Err())
 	}()
-	select {
-	case id := <-ready:
-		c.mu.Lock()
-		m.id = id
-		if m.proc == cmd && m.state == "starting" {
-			m.state = "up"
+	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := p.Ready(sctx); err != nil {
+		select {
+		case <-p.Exited():
+			return fmt.Errorf("%s exited before serving: %s", m.name, c.logTail(m, 1500))
+		default:
 		}
-		c.mu.Unlock()
-		return nil
-	case <-exited:
-		return fmt.Errorf("%s exited before serving: %s", m.name, c.logTail(m, 1500))
-	case <-time.After(90 * time.Second):
 		c.signal(m, syscall.SIGKILL)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return fmt.Errorf("%s did not serve in 90 s: %s", m.name, c.logTail(m, 1500))
-	case <-ctx.Done():
-		c.signal(m, syscall.SIGKILL)
-		return ctx.Err()
 	}
+	c.mu.Lock()
+	m.id = p.ID
+	if m.proc == cmd && m.state == "starting" {
+		m.state = "up"
+	}
+	c.mu.Unlock()
+	return nil
 }
 
 // exitedProc records the end of one of m's processes: expected when the

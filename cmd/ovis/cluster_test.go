@@ -1,7 +1,7 @@
 package main
 
 import (
-	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,18 +19,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ovis-storage/ovis/internal/nodeproc"
 	"github.com/ovis-storage/ovis/internal/testutil"
 )
 
 // clusterNode is one `ovis node` process.
 type clusterNode struct {
+	proc    *nodeproc.Proc
 	cmd     *exec.Cmd
 	dir     string
 	addr    string // node-to-node and admin
@@ -38,16 +39,8 @@ type clusterNode struct {
 	nbd     string
 	metrics string
 	stderr  *syncBuffer
-	exited  chan struct{}
-	err     error
+	exited  <-chan struct{}
 }
-
-var (
-	servingRE = regexp.MustCompile(`serving on (\S+)`)
-	joinRE    = regexp.MustCompile(`--etcd (\S+)`)
-	nbdRE     = regexp.MustCompile(`nbd://(\S+)/NAME`)
-	metricsRE = regexp.MustCompile(`metrics at http://(\S+)/metrics`)
-)
 
 // startClusterNode starts `ovis node` with its data in dir and waits until
 // it prints where it serves. etcd is the cluster's etcd; empty embeds one.
@@ -95,26 +88,21 @@ func tryStartClusterNode(t *testing.T, mk func(name string, args ...string) *exe
 		args = append(args, "--etcd", etcd)
 	}
 	args = append(args, extra...)
-	n := &clusterNode{dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	n.cmd = mk(serverBin, args...)
-	n.cmd.Stderr = n.stderr
-	out, err := n.cmd.StdoutPipe()
+	n := &clusterNode{dir: dir, stderr: &syncBuffer{}}
+	cmd := mk(serverBin, args...)
+	cmd.Stderr = n.stderr
+	p, err := nodeproc.Start(cmd, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
+	n.proc, n.cmd, n.exited = p, cmd, p.Exited()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := p.Ready(ctx); err != nil {
+		p.Stop(syscall.SIGKILL, 30*time.Second)
+		return nil, fmt.Errorf("ovis %s: %w\nstderr:\n%s", strings.Join(args, " "), err, n.stderr)
 	}
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		n.err = n.cmd.Wait()
-		close(n.exited)
-	}()
+	n.addr, n.etcd, n.metrics, n.nbd = p.Addr, p.Etcd, p.Metrics, p.NBD
 	t.Cleanup(func() { n.kill(syscall.SIGKILL) })
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -130,51 +118,12 @@ func tryStartClusterNode(t *testing.T, mk func(name string, args ...string) *exe
 			t.Logf("node %s: its warnings, errors and recovery decisions:\n%s", dir, strings.Join(warn[max(0, len(warn)-60):], "\n"))
 		}
 	})
-	deadline := time.After(60 * time.Second)
-	for n.nbd == "" {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				<-n.exited
-				return nil, fmt.Errorf("ovis %s exited (%v) before serving\nstderr:\n%s", strings.Join(args, " "), n.err, n.stderr)
-			}
-			if m := servingRE.FindStringSubmatch(l); m != nil {
-				n.addr = m[1]
-			}
-			if m := joinRE.FindStringSubmatch(l); m != nil {
-				n.etcd = m[1]
-			}
-			if m := metricsRE.FindStringSubmatch(l); m != nil {
-				n.metrics = m[1]
-			}
-			if m := nbdRE.FindStringSubmatch(l); m != nil {
-				n.nbd = m[1]
-			}
-		case <-deadline:
-			return nil, fmt.Errorf("ovis node did not start in 60 s\nstderr:\n%s", n.stderr)
-		}
-	}
-	go func() {
-		for range lines {
-		}
-	}()
 	return n, nil
 }
 
 // kill sends sig and waits for the process to end.
 func (n *clusterNode) kill(sig syscall.Signal) {
-	select {
-	case <-n.exited:
-		return
-	default:
-	}
-	n.cmd.Process.Signal(sig)
-	select {
-	case <-n.exited:
-	case <-time.After(30 * time.Second):
-		n.cmd.Process.Kill()
-		<-n.exited
-	}
+	n.proc.Stop(sig, 30*time.Second)
 }
 
 // admin runs an admin verb against node n.
