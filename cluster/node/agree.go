@@ -54,7 +54,7 @@ func (r *recoverer) noteDisagreement(obj object.ID, why string) {
 		clear(r.disagreed) // a bound, not a history
 	}
 	r.mu.Unlock()
-	r.n.log.Info("gate kept: the copies do not agree yet", "object", obj.String(), "why", why)
+	r.log.Info("gate kept: the copies do not agree yet", "object", obj.String(), "why", why)
 }
 
 // agree is agreed, with why not.
@@ -62,7 +62,7 @@ func (r *recoverer) agree(obj object.ID, e uint64) (bool, string) {
 	if !r.current(obj, e) {
 		return false, "this copy is not known current"
 	}
-	v := r.n.views.View()
+	v := r.views.View()
 	if v.Epoch != e {
 		return false, fmt.Sprintf("the node moved from epoch %d to %d", e, v.Epoch)
 	}
@@ -78,7 +78,7 @@ func (r *recoverer) agree(obj object.ID, e uint64) (bool, string) {
 		none bool
 	}
 	var own sum
-	crc, _, err := r.n.st.Checksum(obj)
+	crc, _, err := r.st.Checksum(obj)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		own.none = true
@@ -88,7 +88,7 @@ func (r *recoverer) agree(obj object.ID, e uint64) (bool, string) {
 		own.crc = crc
 	}
 	for _, id := range reps {
-		if id == r.n.id {
+		if id == r.id {
 			continue
 		}
 		crc, _, none, err := r.peerChecksum(ctx, v, id, obj)

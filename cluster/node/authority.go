@@ -18,7 +18,8 @@ import (
 // written with its epoch), so each is kept with that epoch, and one
 // asked for a later epoch is read again.
 type authority struct {
-	n *Node
+	epochs *Views
+	meta   authorityMeta
 
 	mu    sync.Mutex
 	views map[uint64]*view.View
@@ -31,8 +32,14 @@ type knownVDI struct {
 	seen uint64
 }
 
-func newAuthority(n *Node) *authority {
-	return &authority{n: n, views: map[uint64]*view.View{}, vdis: map[object.VDI]knownVDI{}}
+// authorityMeta is what authority reads from etcd (membership.Client).
+type authorityMeta interface {
+	GetVDIByID(ctx context.Context, id object.VDI) (membership.VDI, error)
+	EpochView(ctx context.Context, e uint64) (membership.View, error)
+}
+
+func newAuthority(epochs *Views, meta authorityMeta) *authority {
+	return &authority{epochs: epochs, meta: meta, views: map[uint64]*view.View{}, vdis: map[object.VDI]knownVDI{}}
 }
 
 // vdi returns the VDI's record, for its object size.
@@ -51,8 +58,8 @@ func (a *authority) vdiAt(ctx context.Context, id object.VDI, e uint64) (members
 	}
 	// The epoch known before the read; any caller asking for e holds a
 	// view of e, so the read comes after e was written either way.
-	seen := max(a.n.views.Epoch(), e)
-	v, err := a.n.mc.GetVDIByID(ctx, id)
+	seen := max(a.epochs.Epoch(), e)
+	v, err := a.meta.GetVDIByID(ctx, id)
 	if err != nil {
 		return v, err
 	}
@@ -65,7 +72,7 @@ func (a *authority) vdiAt(ctx context.Context, id object.VDI, e uint64) (members
 }
 
 func (a *authority) view(ctx context.Context, e uint64) (*view.View, error) {
-	if cur := a.n.views.View(); cur.Epoch == e {
+	if cur := a.epochs.View(); cur.Epoch == e {
 		return cur, nil
 	}
 	a.mu.Lock()
@@ -74,7 +81,7 @@ func (a *authority) view(ctx context.Context, e uint64) (*view.View, error) {
 	if v != nil {
 		return v, nil
 	}
-	mv, err := a.n.mc.EpochView(ctx, e)
+	mv, err := a.meta.EpochView(ctx, e)
 	if err != nil {
 		return nil, err
 	}

@@ -310,7 +310,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	n.rec = newRecoverer(n, newAuthority(n), rec[n.id])
+	n.rec = newRecoverer(recoveryEnv{id: n.id, log: n.log, st: n.st, meta: n.mc, views: n.views, dead: n.dead}, newAuthority(n.views, n.mc), rec[n.id])
 	guard := newPauseGuard(pauseGap, n.fenceFromLocks)
 	n.wg.Add(1)
 	go func() {
@@ -322,6 +322,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		Resync: guard.check}
 	n.h = h
 	n.net = &localCaller{self: n.addr, h: h, pool: n.pool}
+	n.rec.h, n.rec.net = h, n.net
 	n.psrv = protocol.NewServer(h, protocol.ServerOptions{Logger: n.log})
 	n.goServe("node-to-node", func() error { return n.psrv.Serve(n.plis) })
 	if cfg.NBD != "" || cfg.NBDListener != nil {

@@ -52,12 +52,12 @@ func (r *recoverer) rankerFor(ctx context.Context, e uint64, fresh bool) (*ranke
 	if rk != nil && rk.upTo == e && !fresh {
 		return rk, nil
 	}
-	rec, err := r.n.mc.Recovered(ctx)
+	rec, err := r.meta.Recovered(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
 	}
-	rec[r.n.id] = max(rec[r.n.id], r.done.Load())
-	lost, err := r.n.mc.Lost(ctx)
+	rec[r.id] = max(rec[r.id], r.done.Load())
+	lost, err := r.meta.Lost(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: epoch %d: %w", e, err)
 	}

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/ovis-storage/ovis/cluster/membership"
 	"github.com/ovis-storage/ovis/cluster/object"
+	"github.com/ovis-storage/ovis/cluster/protocol"
 	"github.com/ovis-storage/ovis/cluster/recovery"
 	"github.com/ovis-storage/ovis/cluster/store"
 	"github.com/ovis-storage/ovis/cluster/view"
@@ -63,7 +66,7 @@ import (
 // object being recovered is in busy, whose channel closes when it is
 // done; requests for it wait on the channel.
 type recoverer struct {
-	n *Node
+	recoveryEnv
 	a *authority
 
 	done atomic.Uint64 // the last epoch whose run completed
@@ -108,8 +111,43 @@ type recoverer struct {
 // maxUnfoundShown bounds RecoveryStats.UnfoundObjects.
 const maxUnfoundShown = 32
 
-func newRecoverer(n *Node, a *authority, done uint64) *recoverer {
-	r := &recoverer{n: n, a: a,
+// recoveryEnv is what the recoverer uses of its node, and all of it:
+// its ID and log, its store, the recovery records in etcd (meta), the
+// epochs (views), and, set once the handler exists, the peers (net),
+// the handler's gates and writes of older epochs (h), and where a peer
+// that did not answer is reported (dead).
+type recoveryEnv struct {
+	id    string
+	log   *slog.Logger
+	st    *store.Store
+	meta  recoveryMeta
+	views *Views
+	net   peerCaller
+	h     *Handler
+	dead  *deadNodes
+}
+
+// recoveryMeta is what recovery reads and records in etcd
+// (membership.Client).
+type recoveryMeta interface {
+	Recovered(ctx context.Context) (map[string]uint64, error)
+	SetRecovered(ctx context.Context, id string, e uint64) error
+	Clean(ctx context.Context) (map[string]uint64, error)
+	SetClean(ctx context.Context, id string, e uint64) error
+	Lost(ctx context.Context) (map[object.ID]uint64, error)
+	ListVDIs(ctx context.Context) ([]membership.VDI, error)
+	Allocated(ctx context.Context, id object.VDI) (*object.Set, error)
+}
+
+// peerCaller sends one request to a node and waits for its response
+// (protocol.Pool, or localCaller, which serves this node's own
+// requests in process).
+type peerCaller interface {
+	Call(ctx context.Context, addr string, req *protocol.Request, resp *protocol.Response) error
+}
+
+func newRecoverer(env recoveryEnv, a *authority, done uint64) *recoverer {
+	r := &recoverer{recoveryEnv: env, a: a,
 		busy: map[object.ID]chan struct{}{}, using: map[object.ID]int{}, unused: map[object.ID]chan struct{}{}, resumed: make(chan struct{}), kicked: make(chan struct{})}
 	r.done.Store(done)
 	return r
@@ -144,19 +182,19 @@ func (r *recoverer) loop(ctx context.Context) {
 	var unfoundEpoch uint64
 	unfoundWait := unfoundRetry
 	for ctx.Err() == nil {
-		v := r.n.views.View()
+		v := r.views.View()
 		if v.Epoch > r.done.Load() {
 			rctx, cancel := context.WithCancel(ctx)
 			go func() {
 				// A newer epoch ends this run.
-				if _, err := r.n.views.Await(rctx, v.Epoch); err == nil {
+				if _, err := r.views.Await(rctx, v.Epoch); err == nil {
 					cancel()
 				}
 			}()
 			err := r.run(rctx, v)
 			cancel()
-			if err != nil && ctx.Err() == nil && r.n.views.Epoch() == v.Epoch {
-				r.n.log.Warn("recovery", "epoch", v.Epoch, "err", err)
+			if err != nil && ctx.Err() == nil && r.views.Epoch() == v.Epoch {
+				r.log.Warn("recovery", "epoch", v.Epoch, "err", err)
 				// An unfound object waits for a holder's return, which
 				// makes a new epoch; look again now and then all the same.
 				wait := 500 * time.Millisecond
@@ -178,7 +216,7 @@ func (r *recoverer) loop(ctx context.Context) {
 					case <-wctx.Done():
 					}
 				}()
-				_, _ = r.n.views.Await(wctx, v.Epoch)
+				_, _ = r.views.Await(wctx, v.Epoch)
 				cancel()
 				if ctx.Err() != nil {
 					return
@@ -186,7 +224,7 @@ func (r *recoverer) loop(ctx context.Context) {
 			}
 			continue
 		}
-		if _, err := r.n.views.Await(ctx, v.Epoch); err != nil {
+		if _, err := r.views.Await(ctx, v.Epoch); err != nil {
 			return
 		}
 	}
@@ -230,10 +268,10 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 			unfound[obj] = away
 			continue
 		}
-		if st := recovery.Decide(r.n.id, copies); st.Action != recovery.Keep {
+		if st := recovery.Decide(r.id, copies); st.Action != recovery.Keep {
 			pending[obj] = st
 			if st.Hide {
-				r.n.log.Info("recovery: listed a pull to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
+				r.log.Info("recovery: listed a pull to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
 			}
 		}
 	}
@@ -246,7 +284,7 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 		return nil
 	}
 	r.mu.Unlock()
-	r.n.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", time.Since(start).Round(time.Millisecond))
 
 	if err := r.pullAll(ctx, v); err != nil {
 		return err
@@ -254,16 +292,16 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 	if st := r.Stats(); st.Unfound > 0 {
 		// Recording E would say this node holds the newest copy of every
 		// object placed on it: not of these.
-		r.n.log.Warn("recovery: objects unavailable: every node that may hold their newest copy is away; they are served when one returns",
+		r.log.Warn("recovery: objects unavailable: every node that may hold their newest copy is away; they are served when one returns",
 			"epoch", v.Epoch, "unfound", st.Unfound, "may_be_on", st.UnfoundOn, "objects", st.UnfoundObjects)
 		return fmt.Errorf("%w: %d objects, which may be on %v", errRunUnfound, st.Unfound, st.UnfoundOn)
 	}
-	if err := r.n.mc.SetRecovered(ctx, r.n.id, v.Epoch); err != nil {
+	if err := r.meta.SetRecovered(ctx, r.id, v.Epoch); err != nil {
 		return err
 	}
 	r.done.Store(v.Epoch)
 	st := r.Stats()
-	r.n.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
 	return r.dropMoved(ctx, v)
 }
 

@@ -37,7 +37,7 @@ func (r *recoverer) ready(ctx context.Context, obj object.ID, e uint64, write bo
 			return nil, err
 		}
 		if !ok {
-			v := r.n.views.View()
+			v := r.views.View()
 			if v.Epoch != e {
 				return nil, fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
 			}
@@ -106,7 +106,7 @@ func (r *recoverer) settle(ctx context.Context, obj object.ID, e uint64) error {
 	if err := r.awaitUnused(ctx, obj); err != nil {
 		return err
 	}
-	if err := r.n.h.drainOlder(ctx, e); err != nil {
+	if err := r.h.drainOlder(ctx, e); err != nil {
 		return fmt.Errorf("object %s: %w", obj, err)
 	}
 	return nil
@@ -214,9 +214,9 @@ func (r *recoverer) now(ctx context.Context, v *view.View, obj object.ID, repair
 	if away != nil {
 		return &unfoundError{obj: obj, away: away}
 	}
-	st := recovery.Decide(r.n.id, copies)
+	st := recovery.Decide(r.id, copies)
 	if st.Hide {
-		r.n.log.Info("recovery: on demand, pulling a copy to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
+		r.log.Info("recovery: on demand, pulling a copy to withhold", "object", obj.String(), "epoch", v.Epoch, "copies", copiesString(copies))
 	}
 	if err := r.apply(ctx, v, obj, st); err != nil {
 		return err
@@ -230,7 +230,7 @@ func (r *recoverer) now(ctx context.Context, v *view.View, obj object.ID, repair
 // liveHere reports whether this node's copy of obj took writes of epoch
 // e (recovery.Copy.Live): its version is of e and it is not suspect.
 func (r *recoverer) liveHere(obj object.ID, e uint64) (bool, error) {
-	in, err := r.n.st.Stat(obj)
+	in, err := r.st.Stat(obj)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return false, nil
@@ -242,7 +242,7 @@ func (r *recoverer) liveHere(obj object.ID, e uint64) (bool, error) {
 
 // repair recovers a copy found suspect while serving a request.
 func (r *recoverer) repair(ctx context.Context, obj object.ID, e uint64) error {
-	v := r.n.views.View()
+	v := r.views.View()
 	if v.Epoch != e {
 		return fmt.Errorf("object %s: the node moved from epoch %d to %d", obj, e, v.Epoch)
 	}
@@ -252,8 +252,8 @@ func (r *recoverer) repair(ctx context.Context, obj object.ID, e uint64) error {
 // statAll asks every node of v for its copy of obj.
 func (r *recoverer) statAll(ctx context.Context, v *view.View, obj object.ID) ([]recovery.Copy, error) {
 	var copies []recovery.Copy
-	if in, err := r.n.st.Stat(obj); err == nil {
-		copies = append(copies, recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
+	if in, err := r.st.Stat(obj); err == nil {
+		copies = append(copies, recovery.Copy{Node: r.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("object %s: %w", obj, err)
 	}
@@ -263,7 +263,7 @@ func (r *recoverer) statAll(ctx context.Context, v *view.View, obj object.ID) ([
 		wg   sync.WaitGroup
 	)
 	for id, addr := range v.Addr {
-		if id == r.n.id {
+		if id == r.id {
 			continue
 		}
 		wg.Add(1)
@@ -271,7 +271,7 @@ func (r *recoverer) statAll(ctx context.Context, v *view.View, obj object.ID) ([
 			defer wg.Done()
 			var resp protocol.Response
 			req := &protocol.Request{Op: protocol.OpStat, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj}
-			err := r.n.net.Call(ctx, addr, req, &resp)
+			err := r.net.Call(ctx, addr, req, &resp)
 			if protocol.StatusOf(err) == protocol.StatusNoEnt {
 				return
 			}
@@ -285,7 +285,7 @@ func (r *recoverer) statAll(ctx context.Context, v *view.View, obj object.ID) ([
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				r.n.dead.report(id)
+				r.dead.report(id)
 				errs = append(errs, fmt.Errorf("stat on node %s: %w", id, err))
 				return
 			}
@@ -312,6 +312,6 @@ func (r *recoverer) continuous(ctx context.Context, obj object.ID, e uint64) (bo
 		}
 		return false, fmt.Errorf("object %s: its VDI: %w", obj, err)
 	}
-	end, err := r.placedRun(ctx, obj, vd, r.n.id, max(vd.Epoch, r.done.Load()), e, map[uint64][]string{})
+	end, err := r.placedRun(ctx, obj, vd, r.id, max(vd.Epoch, r.done.Load()), e, map[uint64][]string{})
 	return end == e, err
 }

@@ -20,11 +20,11 @@ import (
 func (r *recoverer) dropMoved(ctx context.Context, v *view.View) error {
 	clean := false
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 10*time.Second) {
-		infos, err := r.n.st.List(0)
+		infos, err := r.st.List(0)
 		if err != nil {
 			return err
 		}
-		rec, err := r.n.mc.Recovered(ctx)
+		rec, err := r.meta.Recovered(ctx)
 		if err != nil {
 			return err
 		}
@@ -41,27 +41,27 @@ func (r *recoverer) dropMoved(ctx context.Context, v *view.View) error {
 				// the delete missed it). Its objects go now, so that
 				// they can never come back.
 				gone[in.ID.VDI()] = true
-				if err := r.n.st.RemoveVDI(in.ID.VDI(), r.n.st.Token(in.ID.VDI())); err != nil {
+				if err := r.st.RemoveVDI(in.ID.VDI(), r.st.Token(in.ID.VDI())); err != nil {
 					return fmt.Errorf("removing the objects of deleted vdi %08x: %w", uint32(in.ID.VDI()), err)
 				}
-				r.n.log.Info("removed the objects of a deleted VDI", "vdi", fmt.Sprintf("%08x", uint32(in.ID.VDI())))
+				r.log.Info("removed the objects of a deleted VDI", "vdi", fmt.Sprintf("%08x", uint32(in.ID.VDI())))
 				continue
 			}
 			if err != nil {
 				return err
 			}
-			if slices.Contains(reps, r.n.id) {
+			if slices.Contains(reps, r.id) {
 				continue
 			}
 			through, err := r.recoveredThrough(ctx, in.ID, reps, v.Epoch, rec)
 			if err != nil {
 				return err
 			}
-			if !recovery.MayDrop(r.n.id, reps, v.Epoch, through) {
+			if !recovery.MayDrop(r.id, reps, v.Epoch, through) {
 				left++
 				continue
 			}
-			if err := dropCopy(r.n.st, in.ID); err != nil {
+			if err := dropCopy(r.st, in.ID); err != nil {
 				return fmt.Errorf("object %s: dropping the moved copy: %w", in.ID, err)
 			}
 			r.mu.Lock()
@@ -70,7 +70,7 @@ func (r *recoverer) dropMoved(ctx context.Context, v *view.View) error {
 		}
 		if left == 0 {
 			if !clean {
-				if err := r.n.mc.SetClean(ctx, r.n.id, v.Epoch); err != nil {
+				if err := r.meta.SetClean(ctx, r.id, v.Epoch); err != nil {
 					return err
 				}
 				clean = true
@@ -134,16 +134,16 @@ func (r *recoverer) recoveredThrough(ctx context.Context, obj object.ID, reps []
 // that is away keeps every tombstone since it left alive until it
 // returns.
 func (r *recoverer) forgetTombstones(ctx context.Context) (kept int, err error) {
-	rec, err := r.n.mc.Recovered(ctx)
+	rec, err := r.meta.Recovered(ctx)
 	if err != nil {
 		return 0, err
 	}
-	clean, err := r.n.mc.Clean(ctx)
+	clean, err := r.meta.Clean(ctx)
 	if err != nil {
 		return 0, err
 	}
 	floor := recovery.TombstoneFloor(rec, clean)
-	infos, err := r.n.st.List(0)
+	infos, err := r.st.List(0)
 	if err != nil {
 		return 0, err
 	}
@@ -156,13 +156,13 @@ func (r *recoverer) forgetTombstones(ctx context.Context) (kept int, err error) 
 			kept++
 			continue
 		}
-		if err := r.n.st.Forget(in.ID, in.Version); err != nil {
+		if err := r.st.Forget(in.ID, in.Version); err != nil {
 			return kept, fmt.Errorf("object %s: forgetting its tombstone: %w", in.ID, err)
 		}
 		forgot++
 	}
 	if forgot > 0 {
-		r.n.log.Info("forgot tombstones every node has seen", "tombstones", forgot, "below_epoch", floor)
+		r.log.Info("forgot tombstones every node has seen", "tombstones", forgot, "below_epoch", floor)
 	}
 	return kept, nil
 }

@@ -25,7 +25,7 @@ import (
 // placed for in every epoch since it was last known current needs no
 // look: it received every write.
 func (r *recoverer) unheld(ctx context.Context, v *view.View, rk *ranker, held map[object.ID][]recovery.Copy, unfound map[object.ID][]string) error {
-	vdis, err := r.n.mc.ListVDIs(ctx)
+	vdis, err := r.meta.ListVDIs(ctx)
 	if err != nil {
 		return fmt.Errorf("listing the VDIs: %w", err)
 	}
@@ -44,7 +44,7 @@ func (r *recoverer) unheld(ctx context.Context, v *view.View, rk *ranker, held m
 		// marked before v began, before this read.
 		var indices []uint32 // nil: every one
 		if vd.Allocation {
-			written, err := r.n.mc.Allocated(ctx, vd.ID)
+			written, err := r.meta.Allocated(ctx, vd.ID)
 			if err != nil {
 				return fmt.Errorf("vdi %s: %w", vd.Name, err)
 			}
@@ -71,7 +71,7 @@ func (r *recoverer) unheld(ctx context.Context, v *view.View, rk *ranker, held m
 			if _, ok := held[obj]; ok {
 				continue
 			}
-			mine, err := r.placedOn(ctx, v, obj, r.n.id)
+			mine, err := r.placedOn(ctx, v, obj, r.id)
 			if err != nil {
 				return err
 			}
@@ -146,22 +146,22 @@ func (r *recoverer) someoneAway(ctx context.Context, v *view.View, vdis []member
 // copies of the objects placed on this node in v.
 func (r *recoverer) gather(ctx context.Context, v *view.View) (map[object.ID][]recovery.Copy, error) {
 	held := map[object.ID][]recovery.Copy{}
-	own, err := r.n.st.List(0)
+	own, err := r.st.List(0)
 	if err != nil {
 		return nil, fmt.Errorf("recovery: listing the local store: %w", err)
 	}
 	for _, in := range own {
-		placed, err := r.placedOn(ctx, v, in.ID, r.n.id)
+		placed, err := r.placedOn(ctx, v, in.ID, r.id)
 		if err != nil {
 			return nil, err
 		}
 		if placed {
-			held[in.ID] = append(held[in.ID], recovery.Copy{Node: r.n.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
+			held[in.ID] = append(held[in.ID], recovery.Copy{Node: r.id, Version: in.Version, Suspect: in.Suspect, Tombstone: in.Tombstone})
 		}
 	}
 	ids := make([]string, 0, len(v.Addr))
 	for id := range v.Addr {
-		if id != r.n.id {
+		if id != r.id {
 			ids = append(ids, id)
 		}
 	}
@@ -198,13 +198,13 @@ func (r *recoverer) listFor(ctx context.Context, v *view.View, id string) ([]pro
 	var all []protocol.ObjectInfo
 	for cursor, backoff := uint64(0), 10*time.Millisecond; ; {
 		var resp protocol.Response
-		req := &protocol.Request{Op: protocol.OpListFor, Epoch: v.Epoch, Offset: cursor, Payload: []byte(r.n.id)}
-		err := r.n.net.Call(ctx, v.Addr[id], req, &resp)
+		req := &protocol.Request{Op: protocol.OpListFor, Epoch: v.Epoch, Offset: cursor, Payload: []byte(r.id)}
+		err := r.net.Call(ctx, v.Addr[id], req, &resp)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("listing node %s: %w", id, ctx.Err())
 			}
-			r.n.dead.report(id)
+			r.dead.report(id)
 			select {
 			case <-ctx.Done():
 				return nil, fmt.Errorf("listing node %s: %w (after %v)", id, ctx.Err(), err)
@@ -228,7 +228,7 @@ func (r *recoverer) listFor(ctx context.Context, v *view.View, id string) ([]pro
 // serveListFor lists the objects held here of which node target is a
 // replica in view v, from ID cursor on.
 func (r *recoverer) serveListFor(ctx context.Context, v *view.View, target string, cursor uint64) ([]protocol.ObjectInfo, error) {
-	infos, err := r.n.st.List(0)
+	infos, err := r.st.List(0)
 	if err != nil {
 		return nil, err
 	}

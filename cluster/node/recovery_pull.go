@@ -42,7 +42,7 @@ func (r *recoverer) pullAll(ctx context.Context, v *view.View) error {
 					if err := r.recoverPending(ctx, v, obj); err != nil {
 						failed.Add(1)
 						if ctx.Err() == nil {
-							r.n.log.Warn("recovery: object", "object", obj.String(), "err", err)
+							r.log.Warn("recovery: object", "object", obj.String(), "err", err)
 						}
 					}
 				}
@@ -129,13 +129,13 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 	case recovery.Trust:
 		// Every copy is suspect (every holder crashed with writes to it
 		// not yet durable): this one was chosen, and the others copy it.
-		r.n.log.Warn("recovery: every copy is suspect; keeping this node's", "object", obj.String(), "version", st.Version)
-		return r.n.st.ClearSuspect(obj)
+		r.log.Warn("recovery: every copy is suspect; keeping this node's", "object", obj.String(), "version", st.Version)
+		return r.st.ClearSuspect(obj)
 	case recovery.Drop:
 		// Nodes of a higher rank hold nothing: this copy holds only
 		// writes never acknowledged (a cut-off writer's).
-		r.n.log.Info("recovery: dropping a copy the nodes that went on never had", "object", obj.String(), "version", st.Version)
-		if err := r.n.st.Drop(obj, st.Version); err != nil {
+		r.log.Info("recovery: dropping a copy the nodes that went on never had", "object", obj.String(), "version", st.Version)
+		if err := r.st.Drop(obj, st.Version); err != nil {
 			return err
 		}
 		r.count(0)
@@ -144,9 +144,9 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 		unhide := r.hide(obj, v.Epoch, st)
 		var err error
 		if st.Replace {
-			err = r.n.st.ReplaceTombstone(obj, st.Version)
+			err = r.st.ReplaceTombstone(obj, st.Version)
 		} else {
-			err = putTombstone(r.n.st, obj, st.Version)
+			err = putTombstone(r.st, obj, st.Version)
 		}
 		if err == nil {
 			r.count(0)
@@ -168,19 +168,19 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 		if err != nil {
 			return err
 		}
-		if err := r.n.st.CheckSpace(int64(len(data))); err != nil {
+		if err := r.st.CheckSpace(int64(len(data))); err != nil {
 			// Recovery never fills a disk past its reserve: the object
 			// stays pending (its other copies serve it) until space is
 			// freed or the placement moves it.
 			return fmt.Errorf("object %s: recovery: %w", obj, err)
 		}
-		install := func(id object.ID, ver uint64, data []byte) error { return putIfNewer(r.n.st, id, ver, data) }
+		install := func(id object.ID, ver uint64, data []byte) error { return putIfNewer(r.st, id, ver, data) }
 		if st.Replace {
 			// This node's copy, of a lower rank, holds writes never
 			// acknowledged: it goes although its version is higher. The
 			// object is busy or pending meanwhile, so no write races.
-			r.n.log.Info("recovery: replacing a copy of a lower rank", "object", obj.String(), "source", st.Source, "version", ver)
-			install = r.n.st.Replace
+			r.log.Info("recovery: replacing a copy of a lower rank", "object", obj.String(), "source", st.Source, "version", ver)
+			install = r.st.Replace
 		}
 		unhide := r.hide(obj, v.Epoch, st)
 		if err := install(obj, ver, data); err != nil {
@@ -198,7 +198,7 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 // checksummed where it is, so that only two checksums cross the network.
 // A copy that moved on meanwhile, or went, is not the same.
 func (r *recoverer) sameBytes(ctx context.Context, v *view.View, obj object.ID, st recovery.Step) (bool, error) {
-	crc, ver, err := r.n.st.Checksum(obj)
+	crc, ver, err := r.st.Checksum(obj)
 	switch {
 	case errors.Is(err, store.ErrNotFound) || errors.Is(err, store.ErrSuspect):
 		return false, nil
@@ -224,7 +224,7 @@ func (r *recoverer) peerChecksum(ctx context.Context, v *view.View, id string, o
 	}
 	var resp protocol.Response
 	req := &protocol.Request{Op: protocol.OpChecksum, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: protocol.MaxObjectSpan}
-	err = r.n.net.Call(ctx, addr, req, &resp)
+	err = r.net.Call(ctx, addr, req, &resp)
 	switch {
 	case protocol.StatusOf(err) == protocol.StatusNoEnt:
 		return 0, 0, true, nil
@@ -240,12 +240,12 @@ func (r *recoverer) peerChecksum(ctx context.Context, v *view.View, id string, o
 // lacks (recovery.Step.Hide); the gate table releases it once the
 // copies agree. It returns what undoes it when the pull stores nothing.
 func (r *recoverer) hide(obj object.ID, e uint64, st recovery.Step) (unhide func()) {
-	if !st.Hide || r.n.h == nil || r.noHide.Load() {
+	if !st.Hide || r.h == nil || r.noHide.Load() {
 		return func() {}
 	}
-	r.n.log.Info("recovery: withholding a pulled copy until its peers have it: it holds a write never acknowledged", "object", obj.String(), "source", st.Source, "version", st.Version)
-	r.n.h.gates.hide(obj, e, time.Now())
-	return func() { r.n.h.gates.unhide(obj) }
+	r.log.Info("recovery: withholding a pulled copy until its peers have it: it holds a write never acknowledged", "object", obj.String(), "source", st.Source, "version", st.Version)
+	r.h.gates.hide(obj, e, time.Now())
+	return func() { r.h.gates.unhide(obj) }
 }
 
 func (r *recoverer) count(bytes int64) {
@@ -277,7 +277,7 @@ func (r *recoverer) fetch(ctx context.Context, v *view.View, obj object.ID, st r
 	if !st.FromSuspect {
 		var resp protocol.Response
 		req := &protocol.Request{Op: protocol.OpExtents, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Length: size}
-		if err := r.n.net.Call(ctx, addr, req, &resp); err != nil {
+		if err := r.net.Call(ctx, addr, req, &resp); err != nil {
 			return nil, 0, fmt.Errorf("object %s: extents on %s: %w", obj, st.Source, err)
 		}
 		ver = resp.Version
@@ -302,7 +302,7 @@ func (r *recoverer) fetch(ctx context.Context, v *view.View, obj object.ID, st r
 			var rr protocol.Response
 			rr.Payload = data[off : off : off+n]
 			req := &protocol.Request{Op: protocol.OpRead, Flags: protocol.FlagRecovery, Epoch: v.Epoch, Object: obj, Offset: off, Length: uint32(n)}
-			if err := r.n.net.Call(ctx, addr, req, &rr); err != nil {
+			if err := r.net.Call(ctx, addr, req, &rr); err != nil {
 				return nil, 0, fmt.Errorf("object %s: read %d+%d on %s: %w", obj, off, n, st.Source, err)
 			}
 			if uint64(len(rr.Payload)) != n {

@@ -19,7 +19,7 @@ func (r *recoverer) control(c RecoveryControl) {
 	close(r.resumed)
 	r.resumed = make(chan struct{})
 	if c.MaxRate != nil || c.Paused != nil {
-		r.n.log.Info("recovery settings", "paused", r.paused, "max_rate", r.maxRate)
+		r.log.Info("recovery settings", "paused", r.paused, "max_rate", r.maxRate)
 	}
 }
 
