@@ -161,7 +161,11 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 				return err
 			}
 			if same {
-				return nil // this copy is the source's: kept
+				// This copy is the source's: kept, and withheld as a
+				// pulled one would be when a copy served as current
+				// lacks its version (recovery.Step.Hide).
+				r.hide(obj, v.Epoch, st)
+				return nil
 			}
 		}
 		data, ver, err := r.fetch(ctx, v, obj, st)

@@ -181,7 +181,8 @@ type Step struct {
 	// source's version; it is replaced only if its bytes differ from the
 	// source's (a checksum of each), and kept otherwise, so that a node
 	// back from an outage does not copy again every object nobody wrote
-	// meanwhile.
+	// meanwhile. A copy kept so is withheld as a pulled one would be
+	// (Hide).
 	Verify bool
 	// Hide (Pull, PullTombstone): another good copy of the source's
 	// rank lacks Version, so Version holds a write that was never

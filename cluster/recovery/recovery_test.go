@@ -52,6 +52,7 @@ func TestDecide(t *testing.T) {
 		// Each replica counts its own writes: the cut-off copy's version
 		// can equal the others' with other bytes (TestHistories found it).
 		{"own copy at the same version of a lower rank: pulled if its bytes differ", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 3, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 3, Replace: true, Verify: true}},
+		{"own copy at the same version of a lower rank, another of the best rank lacks it: compared, and hidden", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 3, Rank: 5}, {Node: "c", Version: 4<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 3, Replace: true, Verify: true, Hide: true}},
 		{"own tombstone at the same version of a lower rank: kept", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4, Tombstone: true}, {Node: "b", Version: 4<<32 | 3, Rank: 5, Tombstone: true}}, Step{Action: Keep, Version: 4<<32 | 3}},
 		{"own data at a tombstone's version of a higher rank: replaced, nothing to compare", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4}, {Node: "b", Version: 4<<32 | 3, Rank: 5, Tombstone: true}}, Step{Action: PullTombstone, Source: "b", Version: 4<<32 | 3, Replace: true}},
 		{"cut-off own tombstone loses to the data", []Copy{{Node: "a", Version: 4<<32 | 3, Rank: 4, Tombstone: true}, {Node: "b", Version: 4<<32 | 2, Rank: 5}}, Step{Action: Pull, Source: "b", Version: 4<<32 | 2, Replace: true}},
