@@ -39,7 +39,7 @@ const disagreeLog = 10 * time.Second
 // noteDisagreement logs why obj's copies do not agree, at most once per
 // disagreeLog per object: a gate or hide that stays says why.
 func (r *recoverer) noteDisagreement(obj object.ID, why string) {
-	now := time.Now()
+	now := r.clock()
 	r.mu.Lock()
 	if r.disagreed == nil {
 		r.disagreed = map[object.ID]time.Time{}

@@ -310,7 +310,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	n.rec = newRecoverer(recoveryEnv{id: n.id, log: n.log, st: n.st, meta: n.mc, views: n.views, dead: n.dead}, newAuthority(n.views, n.mc), rec[n.id])
+	n.rec = newRecoverer(recoveryEnv{id: n.id, log: n.log, clock: time.Now, st: n.st, meta: n.mc, views: n.views, dead: n.dead}, newAuthority(n.views, n.mc), rec[n.id])
 	guard := newPauseGuard(pauseGap, n.fenceFromLocks)
 	n.wg.Add(1)
 	go func() {

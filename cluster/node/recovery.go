@@ -112,19 +112,38 @@ type recoverer struct {
 const maxUnfoundShown = 32
 
 // recoveryEnv is what the recoverer uses of its node, and all of it:
-// its ID and log, its store, the recovery records in etcd (meta), the
+// its ID, log and clock, its store, the recovery records in etcd (meta), the
 // epochs (views), and, set once the handler exists, the peers (net),
 // the handler's gates and writes of older epochs (h), and where a peer
 // that did not answer is reported (dead).
 type recoveryEnv struct {
 	id    string
 	log   *slog.Logger
-	st    *store.Store
+	clock func() time.Time // the time of the throttle's, the gates' and the logs' decisions; waits are real
+	st    recoveryStore
 	meta  recoveryMeta
 	views *Views
 	net   peerCaller
 	h     *Handler
 	dead  *deadNodes
+}
+
+// recoveryStore is what recovery does to this node's objects
+// (store.Store).
+type recoveryStore interface {
+	List(vdi object.VDI) ([]store.Info, error)
+	Stat(id object.ID) (store.Info, error)
+	Checksum(id object.ID) (crc uint32, version uint64, err error)
+	Token(vdi object.VDI) uint64
+	CheckSpace(n int64) error
+	Put(id object.ID, version uint64, data []byte) error
+	PutTombstone(id object.ID, version uint64) error
+	Replace(id object.ID, version uint64, data []byte) error
+	ReplaceTombstone(id object.ID, version uint64) error
+	ClearSuspect(id object.ID) error
+	Drop(id object.ID, version uint64) error
+	Forget(id object.ID, version uint64) error
+	RemoveVDI(vdi object.VDI, token uint64) error
 }
 
 // recoveryMeta is what recovery reads and records in etcd
@@ -238,7 +257,7 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 	}
 	r.objs.Begin(v.Epoch)
 	r.mu.Unlock()
-	start := time.Now()
+	start := r.clock()
 	r.a.forgetVDIs()
 	if hold := r.holdRuns.Load(); hold != nil {
 		select {
@@ -284,7 +303,7 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 		return nil
 	}
 	r.mu.Unlock()
-	r.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", r.clock().Sub(start).Round(time.Millisecond))
 
 	if err := r.pullAll(ctx, v); err != nil {
 		return err
@@ -301,7 +320,7 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 	}
 	r.done.Store(v.Epoch)
 	st := r.Stats()
-	r.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", time.Since(start).Round(time.Millisecond))
+	r.log.Info("recovery done", "epoch", v.Epoch, "recovered", st.Recovered, "bytes", st.Bytes, "took", r.clock().Sub(start).Round(time.Millisecond))
 	return r.dropMoved(ctx, v)
 }
 

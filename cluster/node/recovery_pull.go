@@ -248,7 +248,7 @@ func (r *recoverer) hide(obj object.ID, e uint64, st recovery.Step) (unhide func
 		return func() {}
 	}
 	r.log.Info("recovery: withholding a pulled copy until its peers have it: it holds a write never acknowledged", "object", obj.String(), "source", st.Source, "version", st.Version)
-	r.h.gates.hide(obj, e, time.Now())
+	r.h.gates.hide(obj, e, r.clock())
 	return func() { r.h.gates.unhide(obj) }
 }
 

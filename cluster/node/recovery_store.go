@@ -14,7 +14,7 @@ import (
 
 // putIfNewer installs a copy unless the local one is already at least
 // as new.
-func putIfNewer(st *store.Store, id object.ID, version uint64, data []byte) error {
+func putIfNewer(st recoveryStore, id object.ID, version uint64, data []byte) error {
 	if err := st.Put(id, version, data); err != nil && !errors.Is(err, store.ErrNotNewer) {
 		return err
 	}
@@ -23,7 +23,7 @@ func putIfNewer(st *store.Store, id object.ID, version uint64, data []byte) erro
 
 // putTombstone makes the local copy a tombstone at version unless it is
 // already at least as new.
-func putTombstone(st *store.Store, id object.ID, version uint64) error {
+func putTombstone(st recoveryStore, id object.ID, version uint64) error {
 	if err := st.PutTombstone(id, version); err != nil && !errors.Is(err, store.ErrNotNewer) {
 		return err
 	}
@@ -32,7 +32,7 @@ func putTombstone(st *store.Store, id object.ID, version uint64) error {
 
 // dropCopy deletes a copy this node no longer holds for anyone, without
 // a tombstone; a write that reached it since it was listed keeps it.
-func dropCopy(st *store.Store, id object.ID) error {
+func dropCopy(st recoveryStore, id object.ID) error {
 	in, err := st.Stat(id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil

@@ -32,7 +32,7 @@ func (r *recoverer) throttle(ctx context.Context, n int64) error {
 		paused, wake := r.paused, r.resumed
 		var wait time.Duration
 		if !paused && r.maxRate > 0 {
-			now := time.Now()
+			now := r.clock()
 			if r.next.Before(now) {
 				r.next = now
 			}
