@@ -146,9 +146,13 @@ type RecoveryStats struct {
 	Recovered      int64    `json:"recovered"` // objects recovered in this run
 	Bytes          int64    `json:"bytes"`     // bytes pulled in this run
 	Dropped        int64    `json:"dropped"`   // copies dropped in this run
-	Clean          uint64   `json:"clean"`     // the last epoch after whose recovery every moved copy was dropped
-	Paused         bool     `json:"paused"`    // background pulls paused
-	MaxRate        int64    `json:"max_rate"`  // bytes per second, 0 for no bound
+	// Verified counts the copies of a lower rank at their source's
+	// version that a checksum of each found equal, and that were kept
+	// instead of pulled, in this run (recovery.Step.Verify).
+	Verified int64  `json:"verified"`
+	Clean    uint64 `json:"clean"`    // the last epoch after whose recovery every moved copy was dropped
+	Paused   bool   `json:"paused"`   // background pulls paused
+	MaxRate  int64  `json:"max_rate"` // bytes per second, 0 for no bound
 }
 
 // NodeStatus is one node as `ovis node list` shows it (node.self,

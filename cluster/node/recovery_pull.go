@@ -165,6 +165,9 @@ func (r *recoverer) apply(ctx context.Context, v *view.View, obj object.ID, st r
 				// pulled one would be when a copy served as current
 				// lacks its version (recovery.Step.Hide).
 				r.hide(obj, v.Epoch, st)
+				r.mu.Lock()
+				r.stats.Verified++
+				r.mu.Unlock()
 				return nil
 			}
 		}

@@ -327,8 +327,8 @@ func newNodeRecoveryCmd() *cobra.Command {
 				if st.MaxRate > 0 {
 					limit = img.FormatSize(uint64(st.MaxRate)) + "/s"
 				}
-				fmt.Fprintln(w, "EPOCH\tDONE\tSTATE\tPENDING\tRECOVERED\tPULLED\tDROPPED\tMAX RATE")
-				fmt.Fprintf(w, "%d\t%d\t%s\t%d\t%d\t%s\t%d\t%s\n", st.Epoch, st.Done, state, st.Pending, st.Recovered, img.FormatSize(uint64(st.Bytes)), st.Dropped, limit)
+				fmt.Fprintln(w, "EPOCH\tDONE\tSTATE\tPENDING\tRECOVERED\tPULLED\tKEPT BY CHECKSUM\tDROPPED\tMAX RATE")
+				fmt.Fprintf(w, "%d\t%d\t%s\t%d\t%d\t%s\t%d\t%d\t%s\n", st.Epoch, st.Done, state, st.Pending, st.Recovered, img.FormatSize(uint64(st.Bytes)), st.Verified, st.Dropped, limit)
 			})
 		},
 	}

@@ -293,8 +293,8 @@ func TestReturnPullsOnlyWhatDiffers(t *testing.T) {
 		}
 		return fmt.Errorf("node list lacks n2")
 	})
-	if stats.Recovered != 5 {
-		t.Errorf("n2 recovered %d objects, want 5 (objects 0..3 written while it was away, and object 5)", stats.Recovered)
+	if stats.Recovered != 5 || stats.Verified != 3 {
+		t.Errorf("n2 recovered %d objects and kept %d by checksum, want 5 (objects 0..3 written while it was away, and object 5) and 3", stats.Recovered, stats.Verified)
 	}
 	eventually(t, 30*time.Second, "the copies agree", func() error { return checked(ctx, c, objects) })
 	got := make([]byte, 4096)
