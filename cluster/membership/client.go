@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // Config says how to reach etcd.
@@ -27,6 +29,10 @@ type Config struct {
 	TLS *tls.Config
 	// Logger receives the package's logs. Nil means slog.Default().
 	Logger *slog.Logger
+	// Dialer, when set, opens the client's connections to etcd (tests
+	// cut a node off etcd through it: cluster/protocol/faultnet). The
+	// default is TCP.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // DefaultPrefix is the Prefix when Config leaves it empty.
@@ -105,12 +111,16 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	cli, err := clientv3.New(clientv3.Config{
+	ccfg := clientv3.Config{
 		Endpoints:   cfg.Endpoints,
 		DialTimeout: cfg.DialTimeout,
 		TLS:         cfg.TLS,
 		Logger:      zap.NewNop(),
-	})
+	}
+	if cfg.Dialer != nil {
+		ccfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(cfg.Dialer)}
+	}
+	cli, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("membership: connect to etcd %q: %w", cfg.Endpoints, err)
 	}

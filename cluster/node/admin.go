@@ -321,6 +321,12 @@ func (n *Node) self() admin.NodeStatus {
 	} else {
 		s.Error = err.Error()
 	}
+	if !n.live(time.Now()) {
+		// Its lease ran out (etcd unreachable from here, or a pause
+		// longer than the lease): it serves nothing until it has
+		// rejoined.
+		s.State = "rejoining"
+	}
 	if err := n.st.Err(); err != nil {
 		// The store's journal could not be made durable: it takes no
 		// change, so every write placed here fails until the node is

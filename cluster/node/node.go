@@ -115,6 +115,9 @@ type Config struct {
 	// cluster/protocol/faultnet there to cut nodes off each other). The
 	// default is TCP, with TLS when configured.
 	Dialer protocol.Dialer
+	// EtcdDialer, when set, dials etcd (tests cut a node off etcd
+	// through it). The default is TCP, with TLS when configured.
+	EtcdDialer func(ctx context.Context, addr string) (net.Conn, error)
 	// ProbeInterval is how often the node probes the other nodes of its
 	// epoch, and how long it waits for each (reach.go). The default is
 	// 1 s.
@@ -268,7 +271,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	case cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != "":
 		return nil, errors.New("node: TLS needs a certificate, its key and the CA, all three")
 	}
-	mcfg := membership.Config{Endpoints: endpoints, Logger: n.log}
+	mcfg := membership.Config{Endpoints: endpoints, Logger: n.log, Dialer: cfg.EtcdDialer}
 	if clientTLS != nil && len(endpoints) > 0 && strings.HasPrefix(endpoints[0], "https://") {
 		mcfg.TLS = clientTLS
 	}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,7 +114,7 @@ func Start(t testing.TB, o Options) *Cluster {
 		sfs.free.Store(-1)
 		id := fmt.Sprintf("n%d", i)
 		cfg := node.Config{Dir: t.TempDir(), ID: id, Listen: "127.0.0.1:0", LeaseTTL: o.LeaseTTL,
-			Logger: o.Logger.With("node", id), Dialer: c.Net.Dialer(id), ProbeInterval: o.ProbeInterval,
+			Logger: o.Logger.With("node", id), Dialer: c.Net.Dialer(id), EtcdDialer: c.Net.Dialer(id), ProbeInterval: o.ProbeInterval,
 			IOTimeout: o.IOTimeout, SpaceInterval: 50 * time.Millisecond, StoreFS: sfs}
 		if i == 0 {
 			cfg.EtcdListen, cfg.EtcdPeer = "http://127.0.0.1:0", "http://127.0.0.1:0"
@@ -125,10 +126,28 @@ func Start(t testing.TB, o Options) *Cluster {
 		c.space = append(c.space, sfs)
 		c.nodes = append(c.nodes, nil)
 		c.start(i)
+		if i == 0 {
+			// n0's embedded etcd is "etcd" on the network, so that a
+			// test can cut a node off it (CutEtcd).
+			for _, u := range c.nodes[0].EtcdEndpoints() {
+				c.Net.Name(strings.TrimPrefix(u, "http://"), Etcd)
+			}
+		}
 	}
 	c.AwaitNodes(o.Nodes)
 	return c
 }
+
+// Etcd is the name of the cluster's etcd on its network (Net): Cut(id,
+// Etcd) cuts node id off etcd, as CutEtcd does.
+const Etcd = "etcd"
+
+// CutEtcd cuts node i off etcd (only: its peers still reach it): its
+// connections to etcd fail now, and new ones are refused until HealEtcd.
+func (c *Cluster) CutEtcd(i int) { c.Net.Cut(c.ID(i), Etcd) }
+
+// HealEtcd ends CutEtcd(i).
+func (c *Cluster) HealEtcd(i int) { c.Net.Heal(c.ID(i), Etcd) }
 
 // start starts node i on its configuration (again, after Kill).
 func (c *Cluster) start(i int) {
