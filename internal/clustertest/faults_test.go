@@ -341,30 +341,30 @@ func TestNodeCutOffEtcdRejoins(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "n3 says it is rejoining", func() error {
-		st, err := admin.NodeSelf.Do(ctx, c.Admin(3), admin.None{})
-		if err != nil {
-			return err
-		}
-		if st.State != "rejoining" {
-			return fmt.Errorf("n3 is %q", st.State)
-		}
-		return nil
-	})
+	eventually(t, 30*time.Second, "n3 says it is rejoining", func() error { return inState(ctx, c, 3, "rejoining") })
 	writeAll(ctx, t, dev, objects, 2)
 	readAll(ctx, t, dev, objects, 2)
 
 	c.HealEtcd(3)
 	c.AwaitNodes(4)
 	eventually(t, 60*time.Second, "n3 is up and the copies agree", func() error {
-		st, err := admin.NodeSelf.Do(ctx, c.Admin(3), admin.None{})
-		if err != nil {
+		if err := inState(ctx, c, 3, "up"); err != nil {
 			return err
-		}
-		if st.State != "up" {
-			return fmt.Errorf("n3 is %q", st.State)
 		}
 		return checked(ctx, c, objects)
 	})
 	readAll(ctx, t, dev, objects, 2)
+}
+
+// inState returns nil when node i says it is in state, by its own
+// status.
+func inState(ctx context.Context, c *Cluster, i int, state string) error {
+	st, err := admin.NodeSelf.Do(ctx, c.Admin(i), admin.None{})
+	if err != nil {
+		return err
+	}
+	if st.State != state {
+		return fmt.Errorf("%s is %q, not %q", c.ID(i), st.State, state)
+	}
+	return nil
 }
