@@ -264,6 +264,7 @@ func (c *Cluster) HealAll() {
 		for j := i + 1; j < c.Len(); j++ {
 			c.Heal(i, j)
 		}
+		c.HealEtcd(i)
 	}
 }
 

@@ -173,7 +173,7 @@ func TestHistory(t *testing.T) {
 	if len(rep.Violations) > 0 {
 		t.Fatalf("the history has violations (seed %d)", seed)
 	}
-	if counts.Isolations+counts.Kills > 0 && epochs < 2 {
+	if counts.Isolations+counts.Kills+counts.EtcdCuts > 0 && epochs < 2 {
 		t.Errorf("%v made %d new epochs: no node left", counts, epochs)
 	}
 	cn := rep.Counts

@@ -13,7 +13,9 @@ import (
 // to leave the epoch), or one link between two nodes, and heals them;
 // or it kills one to three nodes at once (which can take every holder
 // of some objects down) and starts them again one at a time, each after
-// 0.5 to 5 s, some slower than the lease.
+// 0.5 to 5 s, some slower than the lease; or it cuts one node off etcd
+// alone for 1 to 6 s, some longer than the lease, so that it loses its
+// lease and rejoins.
 type Nemesis struct {
 	C    *Cluster
 	Seed uint64
@@ -27,11 +29,11 @@ type Nemesis struct {
 
 // NemesisCounts says what a run injected.
 type NemesisCounts struct {
-	Cuts, Isolations, Kills int
+	Cuts, Isolations, Kills, EtcdCuts int
 }
 
 func (c NemesisCounts) String() string {
-	return fmt.Sprintf("%d cuts (%d isolations), %d kills", c.Cuts, c.Isolations, c.Kills)
+	return fmt.Sprintf("%d cuts (%d isolations), %d kills, %d cuts off etcd", c.Cuts, c.Isolations, c.Kills, c.EtcdCuts)
 }
 
 // Run injects faults for dur or until ctx ends, then heals every link
@@ -60,7 +62,15 @@ func (n *Nemesis) Run(ctx context.Context, dur time.Duration) NemesisCounts {
 		}
 	}
 	for deadline := time.Now().Add(dur); time.Now().Before(deadline) && ctx.Err() == nil; {
-		switch k := rng.IntN(6); {
+		switch k := rng.IntN(7); {
+		case k == 6 && len(victims) > 0:
+			x := victims[rng.IntN(len(victims))]
+			n.C.CutEtcd(x)
+			cnt.EtcdCuts++
+			hold := time.Duration(1000+rng.IntN(5000)) * time.Millisecond
+			logf("cut n%d off etcd for %v", x, hold)
+			sleep(hold)
+			n.C.HealAll()
 		case k < 2 && len(victims) > 0:
 			killed := slices.Clone(victims)
 			rng.Shuffle(len(killed), func(i, j int) { killed[i], killed[j] = killed[j], killed[i] })
