@@ -48,13 +48,68 @@ type nbdRun struct {
 
 // nbdServer is a running `ovis nbd` started by a test.
 type nbdServer struct {
-	t   *testing.T
-	cmd *exec.Cmd
+	*serverProc
 	// uri is the export's NBD URI; addr the TCP address or socket path.
 	uri, addr string
-	stderr    *syncBuffer
-	exited    chan struct{}
-	code      int
+}
+
+// serverProc is a server process a test started (`ovis nbd`, `ovis up`,
+// qemu-nbd): its stderr is kept, its exit watched, and it is killed
+// when the test ends if it still runs.
+type serverProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdout *syncBuffer // what it printed, when its caller keeps it
+	stderr *syncBuffer
+	exited chan struct{} // closed once it has exited
+	code   int           // its exit status, once exited
+	err    error         // what Wait returned, once exited
+}
+
+// startServerProc starts cmd, keeping its stderr. read, when not nil,
+// runs first in the goroutine that then waits for the process (it reads
+// a stdout pipe the caller made).
+func startServerProc(t *testing.T, cmd *exec.Cmd, read func()) *serverProc {
+	t.Helper()
+	p := &serverProc{t: t, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if read != nil {
+			read()
+		}
+		p.err = cmd.Wait()
+		p.code = cmd.ProcessState.ExitCode()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// wait waits at most d for the server to exit on its own and returns
+// its exit code; it fails the test after d.
+func (p *serverProc) wait(d time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+		return p.code
+	case <-time.After(d):
+		out := ""
+		if p.stdout != nil {
+			out = "\nstdout: " + p.stdout.String()
+		}
+		p.t.Fatalf("%s still running after %v%s\nstderr: %s", strings.Join(p.cmd.Args, " "), d, out, p.stderr)
+		return -1
+	}
 }
 
 // syncBuffer is a bytes.Buffer safe to write from exec's copier and read
@@ -103,7 +158,7 @@ func freePort(t testing.TB) string {
 // server is killed when the test ends if it is still running.
 func startNBD(t *testing.T, r nbdRun) *nbdServer {
 	t.Helper()
-	s := &nbdServer{t: t, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	s := &nbdServer{}
 	var listen []string
 	if r.tcp {
 		port := freePort(t)
@@ -119,25 +174,9 @@ func startNBD(t *testing.T, r nbdRun) *nbdServer {
 	if r.export != "" {
 		args = append(args, "-x", r.export)
 	}
-	s.cmd = exec.Command(serverBin, append(args, r.args...)...)
-	s.cmd.Env = append(os.Environ(), r.env...)
-	s.cmd.Stderr = s.stderr
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		s.cmd.Wait()
-		s.code = s.cmd.ProcessState.ExitCode()
-		close(s.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-s.exited:
-		default:
-			s.cmd.Process.Kill()
-			<-s.exited
-		}
-	})
+	cmd := exec.Command(serverBin, append(args, r.args...)...)
+	cmd.Env = append(os.Environ(), r.env...)
+	s.serverProc = startServerProc(t, cmd, nil)
 	network := "unix"
 	if r.tcp {
 		network = "tcp"
@@ -157,18 +196,6 @@ func startNBD(t *testing.T, r nbdRun) *nbdServer {
 			t.Fatalf("ovis nbd not listening on %s after 20s\n%s", s.addr, s.stderr)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// wait waits for the server to exit on its own and returns its exit code.
-func (s *nbdServer) wait(timeout time.Duration) int {
-	s.t.Helper()
-	select {
-	case <-s.exited:
-		return s.code
-	case <-time.After(timeout):
-		s.t.Fatalf("ovis nbd still running after %v\n%s", timeout, s.stderr)
-		return -1
 	}
 }
 

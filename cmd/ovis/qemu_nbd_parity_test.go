@@ -25,11 +25,7 @@ import (
 // peer is a running server, qemu-nbd or ovis nbd, started by a test with
 // the same arguments as its twin.
 type peer struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	exited chan struct{}
-	code   int
+	*serverProc
 	// listen is -k SOCK or -b 127.0.0.1 -p PORT; uri the export's URI.
 	listen []string
 	uri    string
@@ -57,26 +53,9 @@ func startPeer(t *testing.T, bin, dir string, listen []string, uri string, args 
 	if bin == ovisBin {
 		all = append([]string{"nbd"}, all...)
 	}
-	p := &peer{t: t, stderr: &syncBuffer{}, exited: make(chan struct{}), listen: listen, uri: uri}
-	p.cmd = exec.Command(bin, all...)
-	p.cmd.Dir = dir
-	p.cmd.Stderr = p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.cmd.Wait()
-		p.code = p.cmd.ProcessState.ExitCode()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
+	cmd := exec.Command(bin, all...)
+	cmd.Dir = dir
+	p := &peer{serverProc: startServerProc(t, cmd, nil), listen: listen, uri: uri}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(pidFile); err == nil {
@@ -94,22 +73,10 @@ func startPeer(t *testing.T, bin, dir string, listen []string, uri string, args 
 	}
 }
 
-// wait waits for the server to exit and returns its status.
-func (p *peer) wait() int {
-	p.t.Helper()
-	select {
-	case <-p.exited:
-		return p.code
-	case <-time.After(60 * time.Second):
-		p.t.Fatalf("%s still running after 60s\n%s", p.cmd.Path, p.stderr)
-		return -1
-	}
-}
-
 // stop sends SIGTERM and returns the exit status.
 func (p *peer) stop() int {
 	p.cmd.Process.Signal(syscall.SIGTERM)
-	return p.wait()
+	return p.wait(60 * time.Second)
 }
 
 // servers are the two programs every test here compares.
@@ -187,7 +154,7 @@ func TestReproNBDQuietLikeQemu(t *testing.T) {
 				if c.persistent {
 					code = p.stop()
 				} else {
-					code = p.wait()
+					code = p.wait(60 * time.Second)
 				}
 				got[srv] = outcome{p.stderr.String(), code}
 			}

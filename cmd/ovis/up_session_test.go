@@ -22,13 +22,8 @@ import (
 
 // upRun is a running `ovis up` started by a test.
 type upRun struct {
-	t              *testing.T
-	cmd            *exec.Cmd
-	stdout, stderr *syncBuffer
-	exited         chan struct{} // closed once the process has exited
-	code           int           // its exit status, once exited
-	err            error         // what Wait returned, once exited
-	uri            string
+	*serverProc
+	uri string
 }
 
 // startUpProcess runs `ovis args...` in dir and gives each line it prints
@@ -37,36 +32,22 @@ type upRun struct {
 // process is killed when the test ends.
 func startUpProcess(t *testing.T, dir string, timeout time.Duration, ready func(line string) bool, args ...string) *upRun {
 	t.Helper()
-	u := &upRun{t: t, stdout: &syncBuffer{}, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	u.cmd = exec.Command(serverBin, args...)
-	u.cmd.Dir = dir
-	out, err := u.cmd.StdoutPipe()
+	cmd := exec.Command(serverBin, args...)
+	cmd.Dir = dir
+	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.cmd.Stderr = u.stderr
-	if err := u.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	stdout := &syncBuffer{}
 	lines := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(io.TeeReader(out, u.stdout))
+	u := &upRun{serverProc: startServerProc(t, cmd, func() {
+		sc := bufio.NewScanner(io.TeeReader(out, stdout))
 		for sc.Scan() {
 			lines <- sc.Text()
 		}
 		close(lines)
-		u.err = u.cmd.Wait()
-		u.code = u.cmd.ProcessState.ExitCode()
-		close(u.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-u.exited:
-		default:
-			u.cmd.Process.Kill()
-			<-u.exited
-		}
-	})
+	})}
+	u.stdout = stdout
 	deadline := time.After(timeout)
 	for {
 		select {
@@ -101,18 +82,6 @@ func startUp(t *testing.T, dir string, args ...string) *upRun {
 	}, append([]string{"up", "--image"}, args...)...)
 	u.uri = uri
 	return u
-}
-
-// wait waits for ovis up to exit within d and returns its status.
-func (u *upRun) wait(d time.Duration) int {
-	u.t.Helper()
-	select {
-	case <-u.exited:
-		return u.code
-	case <-time.After(d):
-		u.t.Fatalf("ovis up still running after %v\nstdout: %s\nstderr: %s", d, u.stdout, u.stderr)
-		return -1
-	}
 }
 
 // running reports whether the process is still there after d.
