@@ -32,14 +32,12 @@ import (
 // clusterNode is one `ovis node` process.
 type clusterNode struct {
 	proc    *nodeproc.Proc
-	cmd     *exec.Cmd
 	dir     string
 	addr    string // node-to-node and admin
 	etcd    string // the embedded etcd's URL, for the first node
 	nbd     string
 	metrics string
 	stderr  *syncBuffer
-	exited  <-chan struct{}
 }
 
 // startClusterNode starts `ovis node` with its data in dir and waits until
@@ -95,7 +93,7 @@ func tryStartClusterNode(t *testing.T, mk func(name string, args ...string) *exe
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.proc, n.cmd, n.exited = p, cmd, p.Exited()
+	n.proc = p
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := p.Ready(ctx); err != nil {
@@ -605,8 +603,8 @@ func TestClusterSuspendedWriterIsFenced(t *testing.T) {
 	if r := n1.mustAdmin(t, "vdi", "lock", "list"); !strings.Contains(r.stdout, n1ID(t, n3)) {
 		t.Fatalf("node 3 does not hold disk0's lock:\n%s", r.stdout)
 	}
-	n3.cmd.Process.Signal(syscall.SIGSTOP)
-	defer n3.cmd.Process.Signal(syscall.SIGCONT)
+	n3.proc.Signal(syscall.SIGSTOP)
+	defer n3.proc.Signal(syscall.SIGCONT)
 	// The lease (5 s) runs out at etcd: the lock goes with it.
 	waitUntil(t, 30*time.Second, func() (bool, string) {
 		r := n1.admin(t, "vdi", "lock", "list")
@@ -623,7 +621,7 @@ func TestClusterSuspendedWriterIsFenced(t *testing.T) {
 	// races the node's own discovery that its lease is gone.
 	fmt.Fprintln(old.in, "write -P 0x33 0 64k")
 	time.Sleep(200 * time.Millisecond)
-	n3.cmd.Process.Signal(syscall.SIGCONT)
+	n3.proc.Signal(syscall.SIGCONT)
 	deadline := time.After(20 * time.Second)
 wait:
 	for {

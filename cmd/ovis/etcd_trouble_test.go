@@ -80,7 +80,7 @@ func TestClusterEtcdTrouble(t *testing.T) {
 	for i, n := range nodes {
 		waitUntil(t, 30*time.Second, func() (bool, string) {
 			select {
-			case <-n.exited:
+			case <-n.proc.Exited():
 				t.Fatalf("node %d exited:\n%s", i+1, n.stderr.String())
 			default:
 			}

@@ -445,11 +445,11 @@ func (c *histCluster) restart(i int) {
 
 func (c *histCluster) stop(i int) {
 	c.setState(i, "stopped")
-	c.nodes[i].proc.cmd.Process.Signal(syscall.SIGSTOP)
+	c.nodes[i].proc.proc.Signal(syscall.SIGSTOP)
 }
 
 func (c *histCluster) cont(i int) {
-	c.nodes[i].proc.cmd.Process.Signal(syscall.SIGCONT)
+	c.nodes[i].proc.proc.Signal(syscall.SIGCONT)
 	c.setState(i, "up")
 }
 
@@ -517,7 +517,7 @@ func (c *histCluster) killHolders() {
 		c.mu.Lock()
 		c.nodes[i].state = "killed"
 		c.mu.Unlock()
-		c.nodes[i].proc.cmd.Process.Signal(syscall.SIGKILL)
+		c.nodes[i].proc.proc.Signal(syscall.SIGKILL)
 	}
 	for _, i := range victims {
 		c.nodes[i].proc.kill(syscall.SIGKILL)

@@ -402,7 +402,7 @@ func TestClusterPowerLoss(t *testing.T) {
 		"--offset=24M", "--size=8M", "--time_based", "--runtime=30", "--rate_iops=2000")
 	time.Sleep(1500 * time.Millisecond)
 	for _, n := range nodes {
-		n.cmd.Process.Signal(syscall.SIGKILL)
+		n.proc.Signal(syscall.SIGKILL)
 	}
 	for _, n := range nodes {
 		n.kill(syscall.SIGKILL)

@@ -115,9 +115,9 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 	}
 	freeOff, mineOff := free<<20, mine<<20
 
-	n3.cmd.Process.Signal(syscall.SIGSTOP)
+	n3.proc.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
-	defer n3.cmd.Process.Signal(syscall.SIGCONT)
+	defer n3.proc.Signal(syscall.SIGCONT)
 	var broken lockInfo
 	n1.mustAdminJSON(t, &broken, "vdi", "lock", "break", "disk0")
 	if broken.Token != l1.Token || broken.Holder != l1.Holder {
@@ -175,7 +175,7 @@ func TestClusterBrokenLockHolderNotices(t *testing.T) {
 		t.Fatalf("the new owner's write to node 3's object ended while node 3 was stopped: %v\n%s", err, heldOut)
 	default:
 	}
-	n3.cmd.Process.Signal(syscall.SIGCONT)
+	n3.proc.Signal(syscall.SIGCONT)
 	resumed := time.Now()
 	t.Logf("node 3 was stopped %v", resumed.Sub(stopped).Round(time.Millisecond))
 	select {
