@@ -82,7 +82,7 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 	// client gets 2 minutes to ride the partition out.
 	d0, _ := cl.disturbance(home)
 	cl.c.mu.Lock()
-	p0, ex0 := home.proc, home.exited
+	p0 := home.proc
 	cl.c.mu.Unlock()
 	var hung atomic.Bool
 	watched := make(chan struct{})
@@ -103,7 +103,7 @@ func (cl *client) runFio(ctx context.Context, home *member, args []string) (fioR
 			}
 			limit := 2 * time.Minute // the same process, cut off or back
 			select {
-			case <-ex0:
+			case <-p0.Exited():
 				limit = 15 * time.Second
 			default:
 				if p != p0 {

@@ -37,13 +37,12 @@ type member struct {
 	dir  string
 
 	// Guarded by cluster.mu.
-	state     string // up, killed, stopped, cut, exited, left
-	id        string // the node's ID, from its first start
-	proc      *exec.Cmd
-	exited    <-chan struct{}
-	expect    bool // the driver ended the process (a signal)
-	fenceable bool // cut since the last settle: an exit is a fence
-	disturbed int  // counts the outages of this member (kill, stop, cut, leave, exit)
+	state     string         // up, killed, stopped, cut, exited, left
+	id        string         // the node's ID, from its first start
+	proc      *nodeproc.Proc // the node process of its latest start
+	expect    bool           // the driver ended the process (a signal)
+	fenceable bool           // cut since the last settle: an exit is a fence
+	disturbed int            // counts the outages of this member (kill, stop, cut, leave, exit)
 }
 
 // cluster is the nodes, their namespaces and the etcd they share.
@@ -161,7 +160,7 @@ func (c *cluster) start(ctx context.Context, m *member) error {
 		return fmt.Errorf("%s: %w", m.name, err)
 	}
 	c.mu.Lock()
-	m.proc, m.exited, m.expect, m.state = cmd, p.Exited(), false, "starting"
+	m.proc, m.expect, m.state = p, false, "starting"
 	c.mu.Unlock()
 	c.wg.Add(1)
 	go func() {
@@ -169,7 +168,7 @@ func (c *cluster) start(ctx context.Context, m *member) error {
 		<-p.Exited()
 		fmt.Fprintf(logf, "=== %s exit: %v\n", time.Now().UTC().Format(time.RFC3339Nano), p.Err())
 		logf.Close()
-		c.exitedProc(m, cmd, p.Err())
+		c.exitedProc(m, p)
 	}()
 	sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
@@ -187,7 +186,7 @@ func (c *cluster) start(ctx context.Context, m *member) error {
 	}
 	c.mu.Lock()
 	m.id = p.ID
-	if m.proc == cmd && m.state == "starting" {
+	if m.proc == p && m.state == "starting" {
 		m.state = "up"
 	}
 	c.mu.Unlock()
@@ -197,9 +196,10 @@ func (c *cluster) start(ctx context.Context, m *member) error {
 // exitedProc records the end of one of m's processes: expected when the
 // driver signalled it, a fence when m was cut since the last settle, a
 // failure otherwise.
-func (c *cluster) exitedProc(m *member, cmd *exec.Cmd, err error) {
+func (c *cluster) exitedProc(m *member, p *nodeproc.Proc) {
+	err := p.Err()
 	c.mu.Lock()
-	if m.proc != cmd {
+	if m.proc != p {
 		c.mu.Unlock()
 		return
 	}
@@ -226,22 +226,17 @@ func (c *cluster) exitedProc(m *member, cmd *exec.Cmd, err error) {
 // signal sends sig to m's process and waits for its end (up to 60 s).
 func (c *cluster) signal(m *member, sig syscall.Signal) error {
 	c.mu.Lock()
-	p, ex := m.proc, m.exited
+	p := m.proc
 	if p == nil {
 		c.mu.Unlock()
 		return nil
 	}
 	m.expect = true
 	c.mu.Unlock()
-	p.Process.Signal(sig)
-	select {
-	case <-ex:
-		return nil
-	case <-time.After(60 * time.Second):
-		p.Process.Kill()
-		<-ex
-		return fmt.Errorf("%s did not end in 60 s after %v; killed", m.name, sig)
+	if err := p.Stop(sig, 60*time.Second); err != nil {
+		return fmt.Errorf("%s did not end in 60 s after %v: %w", m.name, sig, err)
 	}
+	return nil
 }
 
 // logSize returns the size of m's log now, for logSince.

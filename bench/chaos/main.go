@@ -428,7 +428,7 @@ func (d *driver) afterHeal(ctx context.Context, m *member, mark int64) {
 	if m.state == "cut" {
 		m.state = "healing"
 	}
-	ex := m.exited
+	ex := m.proc.Exited()
 	d.c.mu.Unlock()
 	healed := time.Now()
 	d.rep.event("heal", "%s is on the network again", m.name)
