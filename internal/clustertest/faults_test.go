@@ -70,11 +70,7 @@ func checked(ctx context.Context, c *Cluster, objects int) error {
 // held is how many objects node i holds, by node list.
 func held(ctx context.Context, t *testing.T, c *Cluster, i int) int {
 	t.Helper()
-	list, err := admin.NodeList.Do(ctx, c.Admin(0), admin.None{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ns := range list {
+	for _, ns := range nodeList(ctx, t, c) {
 		if ns.ID == c.ID(i) {
 			return ns.Objects
 		}
