@@ -297,13 +297,16 @@ func (r *recoverer) run(ctx context.Context, v *view.View) error {
 	if err := r.unheld(ctx, v, rk, held, unfound); err != nil {
 		return fmt.Errorf("recovery: epoch %d: %w", v.Epoch, err)
 	}
+	// The Table keeps the maps, and on-demand recoveries change them
+	// under mu from now on: their sizes are read before.
+	npending, nunfound := len(pending), len(unfound)
 	r.mu.Lock()
 	if !r.objs.List(v.Epoch, pending, unfound) {
 		r.mu.Unlock()
 		return nil
 	}
 	r.mu.Unlock()
-	r.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", len(pending), "unfound", len(unfound), "took", r.clock().Sub(start).Round(time.Millisecond))
+	r.log.Info("recovery listed", "epoch", v.Epoch, "objects", len(held), "pending", npending, "unfound", nunfound, "took", r.clock().Sub(start).Round(time.Millisecond))
 
 	if err := r.pullAll(ctx, v); err != nil {
 		return err
